@@ -1,0 +1,42 @@
+// Compile-time tile shapes of the grouped GEMM configurations, as plain integers so host code
+// (heuristics, workspace sizing, tests) reads them without CUTLASS. The sm90 launch template
+// turns them into CuTe shapes.
+#pragma once
+
+#include "sonicmoe.h"
+
+namespace sonicmoe {
+
+struct GemmTileShape {
+  int m, n, k;                // CTA tile
+  int cluster_m, cluster_n;   // thread-block cluster (TMA multicast of B along M, of A along N)
+  bool pingpong;              // two consumer warpgroups on alternate tiles, else cooperative
+};
+
+constexpr GemmTileShape gemm_tile_shape(GemmTileConfig config) {
+  switch (config) {
+    // Each consumer warpgroup owns a whole 128x128 tile: 128 fp32 accumulators per thread,
+    // and its epilogue overlaps the other warpgroup's MMA.
+    case GemmTileConfig::kPingpong128x128x64: return {128, 128, 64, 2, 1, true};
+    // Short tiles for experts with few rows; a deeper K step keeps the WGMMA pipe fed.
+    case GemmTileConfig::kPingpong64x128x128: return {64, 128, 128, 2, 1, true};
+    // Both warpgroups split one 128x256 tile (64 rows each): the most reuse per smem byte.
+    case GemmTileConfig::kCooperative128x256x64: return {128, 256, 64, 2, 1, false};
+    case GemmTileConfig::kCooperative256x128x64: return {256, 128, 64, 2, 1, false};
+    case GemmTileConfig::kAuto: break;
+  }
+  return {0, 0, 0, 0, 0, false};
+}
+
+constexpr const char* gemm_tile_config_name(GemmTileConfig config) {
+  switch (config) {
+    case GemmTileConfig::kAuto: return "auto";
+    case GemmTileConfig::kPingpong128x128x64: return "pingpong_128x128x64_c2x1";
+    case GemmTileConfig::kPingpong64x128x128: return "pingpong_64x128x128_c2x1";
+    case GemmTileConfig::kCooperative128x256x64: return "cooperative_128x256x64_c2x1";
+    case GemmTileConfig::kCooperative256x128x64: return "cooperative_256x128x64_c2x1";
+  }
+  return "unknown";
+}
+
+}  // namespace sonicmoe

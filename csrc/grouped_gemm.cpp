@@ -1,0 +1,98 @@
+// Host side of the grouped GEMM: shape rules, workspace sizing, config choice and dispatch.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "common/grouped_gemm_workspace.h"
+#include "common/tile_size.h"
+#include "sm90/grouped_gemm_sm90.h"
+#include "sm90/heuristics.h"
+#include "sonicmoe.h"
+
+namespace sonicmoe {
+namespace {
+
+std::string value_rule(const char* name, int64_t value, const char* rule) {
+  return std::string("grouped_gemm: ") + name + " = " + std::to_string(value) + " breaks the rule: " +
+         rule;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+std::string check_grouped_gemm(const GroupedGemmParams& p) {
+  if (p.num_experts < 1) return value_rule("num_experts", p.num_experts, "must be >= 1");
+  if (p.m_total < 0 || p.m_total > INT32_MAX)
+    return value_rule("m_total", p.m_total, "must be in [0, 2^31 - 1]");
+  // TMA moves whole 16-byte rows: 8 bf16 elements.
+  if (p.k < 8 || p.k % 8 != 0 || p.k > INT32_MAX)
+    return value_rule("k", p.k, "must be a positive multiple of 8 (16-byte rows for TMA)");
+  if (p.n_out < 8 || p.n_out % 8 != 0 || p.n_out > INT32_MAX)
+    return value_rule("n_out", p.n_out, "must be a positive multiple of 8 (16-byte rows for TMA)");
+  if (p.sm_count < 1) return value_rule("sm_count", p.sm_count, "must be >= 1");
+  const int config = static_cast<int>(p.config);
+  if (config < 0 || config >= kNumGemmTileConfigs)
+    return value_rule("config", config, "must name a GemmTileConfig");
+  return {};
+}
+
+namespace {
+
+// Pointer rules, checked at launch (the shape rules above need no data).
+std::string check_grouped_gemm_pointers(const GroupedGemmParams& p) {
+  if (p.a == nullptr || p.b == nullptr || p.out == nullptr || p.expert_offsets == nullptr ||
+      p.workspace == nullptr)
+    return "grouped_gemm: a, b, out, expert_offsets and workspace must be non-null";
+  if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out))
+    return "grouped_gemm: a, b and out must be 16-byte aligned (TMA)";
+  return {};
+}
+
+}  // namespace
+
+size_t grouped_gemm_workspace_size(int num_experts, int sm_count) {
+  size_t cutlass_bytes = 0;
+  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
+                                              GemmTileConfig::kPingpong128x128x64>(num_experts, sm_count));
+  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
+                                              GemmTileConfig::kPingpong64x128x128>(num_experts, sm_count));
+  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
+                                              GemmTileConfig::kCooperative128x256x64>(num_experts, sm_count));
+  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
+                                              GemmTileConfig::kCooperative256x128x64>(num_experts, sm_count));
+  return grouped_gemm_workspace_layout(num_experts, cutlass_bytes).total;
+}
+
+GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_t k,
+                                          int num_experts) {
+  return sm90::choose_grouped_gemm_config(m_total, n_out, k, num_experts);
+}
+
+Status run_grouped_gemm(const GroupedGemmParams& params) {
+  std::string problem = check_grouped_gemm(params);
+  if (!problem.empty()) return Status::error(problem);
+  if (params.m_total == 0) return Status::success();  // nothing to compute, nothing to launch
+  problem = check_grouped_gemm_pointers(params);
+  if (!problem.empty()) return Status::error(problem);
+
+  GemmTileConfig config = params.config;
+  if (config == GemmTileConfig::kAuto)
+    config = choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
+  switch (config) {
+    case GemmTileConfig::kPingpong128x128x64:
+      return sm90::run_grouped_gemm<GemmTileConfig::kPingpong128x128x64>(params);
+    case GemmTileConfig::kPingpong64x128x128:
+      return sm90::run_grouped_gemm<GemmTileConfig::kPingpong64x128x128>(params);
+    case GemmTileConfig::kCooperative128x256x64:
+      return sm90::run_grouped_gemm<GemmTileConfig::kCooperative128x256x64>(params);
+    case GemmTileConfig::kCooperative256x128x64:
+      return sm90::run_grouped_gemm<GemmTileConfig::kCooperative256x128x64>(params);
+    case GemmTileConfig::kAuto: break;
+  }
+  return Status::error("grouped_gemm: no kernel for tile config " +
+                       std::to_string(static_cast<int>(config)));
+}
+
+}  // namespace sonicmoe

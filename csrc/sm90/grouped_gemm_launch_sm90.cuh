@@ -1,0 +1,159 @@
+// sm90 varlen-M grouped GEMM: CUTLASS 3.x composition and launch.
+//
+// Mainloop: TMA loads of A (rows of one expert) and B (that expert's weight), WGMMA, a
+// warp-specialised producer warp and two consumer warpgroups (ping-pong or cooperative per
+// tile config). Epilogue: TMA store of bf16 D, no C operand. Scheduler: CUTLASS's persistent
+// group scheduler, which walks the per-expert problem shapes in device memory; those shapes are
+// built on the device from expert_offsets (common/grouped_gemm_args.cuh), so the host never
+// reads routing data. K1, K4 and K6 replace the mainloop (gather) or epilogue (SwiGLU) here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+#include "common/cuda_check.h"
+#include "common/grouped_gemm_args.cuh"
+#include "common/grouped_gemm_workspace.h"
+#include "common/tile_size.h"
+#include "sm90/grouped_gemm_sm90.h"
+
+namespace sonicmoe::sm90 {
+
+template <GemmTileConfig Config>
+struct GroupedGemmKernel {
+  static constexpr GemmTileShape kTile = gemm_tile_shape(Config);
+  static_assert(kTile.m > 0, "GroupedGemmKernel needs a concrete tile config, not kAuto");
+
+  using Element = cutlass::bfloat16_t;
+  using ElementAccumulator = float;
+  using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // B^T of the (N, K) weight: K contiguous
+  using LayoutOut = cutlass::layout::RowMajor;   // (M, N), N contiguous
+  static constexpr int kAlignment = 16 / sizeof(Element);  // TMA needs 16-byte rows
+
+  using TileShape = cute::Shape<cute::Int<kTile.m>, cute::Int<kTile.n>, cute::Int<kTile.k>>;
+  using ClusterShape = cute::Shape<cute::Int<kTile.cluster_m>, cute::Int<kTile.cluster_n>, cute::_1>;
+  using KernelSchedule =
+      cute::conditional_t<kTile.pingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                          cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule =
+      cute::conditional_t<kTile.pingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                          cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator,
+      void, LayoutOut*, kAlignment,  // no C operand: D = A @ B
+      Element, LayoutOut*, kAlignment, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<Element, ElementAccumulator, void>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment, Element,
+      LayoutB*, kAlignment, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideOut = typename Kernel::InternalStrideD;
+  using DeviceArgs = GroupedGemmDeviceArgs<typename ProblemShape::UnderlyingProblemShape, Element,
+                                           Element, Element, StrideA, StrideB, StrideOut>;
+
+  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) <= kProblemShapeSlotBytes,
+                "problem shape does not fit its workspace slot");
+  static_assert(sizeof(StrideA) <= kStrideSlotBytes && sizeof(StrideB) <= kStrideSlotBytes &&
+                    sizeof(StrideOut) <= kStrideSlotBytes,
+                "a stride type does not fit its workspace slot");
+
+  static typename Gemm::Arguments make_arguments(const DeviceArgs& dev, int num_experts,
+                                                 int sm_count) {
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        // Host problem shapes stay null: the scheduler reads the device ones.
+        {num_experts, dev.problem_shapes, nullptr},
+        {dev.ptr_a, dev.stride_a, dev.ptr_b, dev.stride_b},
+        {{}, nullptr, nullptr, dev.ptr_out, dev.stride_out}};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    args.hw_info.sm_count = sm_count;
+    return args;
+  }
+};
+
+template <GemmTileConfig Config>
+size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count) {
+  using K = GroupedGemmKernel<Config>;
+  typename K::DeviceArgs dev{};
+  return K::Gemm::get_workspace_size(K::make_arguments(dev, num_experts, sm_count));
+}
+
+template <GemmTileConfig Config>
+Status run_grouped_gemm(const GroupedGemmParams& p) {
+  using K = GroupedGemmKernel<Config>;
+  using Element = typename K::Element;
+
+  const size_t cutlass_bytes = grouped_gemm_cutlass_workspace_size<Config>(p.num_experts, p.sm_count);
+  const GroupedGemmWorkspaceLayout layout = grouped_gemm_workspace_layout(p.num_experts, cutlass_bytes);
+  if (p.workspace_bytes < layout.total) {
+    return Status::error("grouped_gemm: workspace of " + std::to_string(p.workspace_bytes) +
+                         " bytes is smaller than the " + std::to_string(layout.total) + " needed");
+  }
+  auto* base = static_cast<uint8_t*>(p.workspace);
+  typename K::DeviceArgs dev{
+      reinterpret_cast<typename K::ProblemShape::UnderlyingProblemShape*>(base + layout.problem_shapes),
+      reinterpret_cast<const Element**>(base + layout.ptr_a),
+      reinterpret_cast<const Element**>(base + layout.ptr_b),
+      reinterpret_cast<Element**>(base + layout.ptr_out),
+      reinterpret_cast<typename K::StrideA*>(base + layout.stride_a),
+      reinterpret_cast<typename K::StrideB*>(base + layout.stride_b),
+      reinterpret_cast<typename K::StrideOut*>(base + layout.stride_out)};
+
+  constexpr int kThreads = 128;
+  build_grouped_gemm_args_kernel<<<(p.num_experts + kThreads - 1) / kThreads, kThreads, 0, p.stream>>>(
+      dev, p.expert_offsets, p.num_experts, static_cast<int>(p.m_total), static_cast<int>(p.n_out),
+      static_cast<int>(p.k), static_cast<const Element*>(p.a), static_cast<const Element*>(p.b),
+      static_cast<Element*>(p.out));
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+
+  typename K::Gemm gemm;
+  auto args = K::make_arguments(dev, p.num_experts, p.sm_count);
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) {
+    return Status::error(std::string("grouped_gemm: CUTLASS cannot implement the problem: ") +
+                         cutlassGetStatusString(st));
+  }
+  st = gemm.initialize(args, base + layout.cutlass, p.stream);
+  if (st != cutlass::Status::kSuccess) {
+    return Status::error(std::string("grouped_gemm: CUTLASS initialize failed: ") +
+                         cutlassGetStatusString(st));
+  }
+  st = gemm.run(p.stream);
+  if (st != cutlass::Status::kSuccess) {
+    return Status::error(std::string("grouped_gemm: CUTLASS launch failed: ") +
+                         cutlassGetStatusString(st));
+  }
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace sonicmoe::sm90
+
+// Explicit instantiation of one configuration; used once per csrc/instantiations/*.cu.
+#define SONICMOE_INSTANTIATE_GROUPED_GEMM_SM90(CONFIG)                                        \
+  template size_t sonicmoe::sm90::grouped_gemm_cutlass_workspace_size<CONFIG>(int, int);      \
+  template sonicmoe::Status sonicmoe::sm90::run_grouped_gemm<CONFIG>(                          \
+      const sonicmoe::GroupedGemmParams&)

@@ -1,0 +1,19 @@
+// Declarations of the sm90 grouped GEMM instantiations (one per csrc/instantiations/*.cu).
+// Light header: no CUTLASS, so the dispatcher compiles quickly with the host compiler.
+#pragma once
+
+#include <cstddef>
+
+#include "sonicmoe.h"
+
+namespace sonicmoe::sm90 {
+
+// CUTLASS's workspace for one configuration (host arithmetic, no device access).
+template <GemmTileConfig Config>
+size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count);
+
+// Builds the per-expert arguments on the device and launches the persistent kernel.
+template <GemmTileConfig Config>
+Status run_grouped_gemm(const GroupedGemmParams& params);
+
+}  // namespace sonicmoe::sm90

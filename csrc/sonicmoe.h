@@ -1,0 +1,71 @@
+// SonicMoE kernel library: torch-free C++ API.
+//
+// Plain parameter structs (pointers, sizes, stream) and run_* entry points. The torch layer
+// (csrc/torch/) validates tensors, allocates outputs and workspace, then calls these.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace sonicmoe {
+
+// Result of a host entry point: empty message on success.
+struct Status {
+  std::string message;
+  bool ok() const { return message.empty(); }
+  static Status success() { return {}; }
+  static Status error(std::string msg) { return {std::move(msg)}; }
+};
+
+// Tile configurations of the sm90 grouped GEMM (csrc/common/tile_size.h spells them out).
+// kAuto lets the heuristic (csrc/sm90/heuristics.h) choose from the problem shape.
+enum class GemmTileConfig : int {
+  kAuto = 0,
+  kPingpong128x128x64 = 1,
+  kPingpong64x128x128 = 2,
+  kCooperative128x256x64 = 3,
+  kCooperative256x128x64 = 4,
+};
+constexpr int kNumGemmTileConfigs = 5;  // including kAuto
+
+// Varlen-M grouped GEMM (K2 of DESIGN §4):
+//   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
+// All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
+struct GroupedGemmParams {
+  const void* a = nullptr;                  // (m_total, k) bf16, rows sorted by expert
+  const void* b = nullptr;                  // (num_experts, n_out, k) bf16 (the w2 layout)
+  void* out = nullptr;                      // (m_total, n_out) bf16
+  const int32_t* expert_offsets = nullptr;  // (num_experts + 1) int32, device memory
+  int64_t m_total = 0;
+  int64_t n_out = 0;
+  int64_t k = 0;
+  int num_experts = 0;
+  void* workspace = nullptr;                // device memory, grouped_gemm_workspace_size() bytes
+  size_t workspace_bytes = 0;
+  int sm_count = 0;                         // SMs the persistent grid may use
+  GemmTileConfig config = GemmTileConfig::kAuto;
+  cudaStream_t stream = nullptr;
+};
+
+// Shape rules of the grouped GEMM (sizes and config only, no pointers), checked on the host.
+// Returns "" when the shape is supported, otherwise a message naming the argument, its value
+// and the rule. run_grouped_gemm() applies them too, plus non-null and 16-byte-aligned pointers.
+std::string check_grouped_gemm(const GroupedGemmParams& params);
+
+// Device workspace the grouped GEMM needs: per-expert problem shapes, pointers and strides
+// (built on the device from expert_offsets) plus CUTLASS's own workspace.
+size_t grouped_gemm_workspace_size(int num_experts, int sm_count);
+
+// The tile configuration kAuto resolves to for this shape.
+GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_t k,
+                                          int num_experts);
+
+// Enqueues the grouped GEMM on params.stream. No host synchronisation; expert_offsets is only
+// read on the device. Invalid offsets (not starting at 0, decreasing, not ending at m_total)
+// stop the kernel with a device-side trap rather than reading out of bounds.
+Status run_grouped_gemm(const GroupedGemmParams& params);
+
+}  // namespace sonicmoe

@@ -1,0 +1,264 @@
+// GoogleTest suite of the kernel library: host logic (runs anywhere) and the sm90 grouped GEMM
+// against a CPU loop (needs a Hopper GPU; skips elsewhere).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/grouped_gemm_workspace.h"
+#include "common/tile_size.h"
+#include "sonicmoe.h"
+
+namespace {
+
+using sonicmoe::GemmTileConfig;
+using sonicmoe::GroupedGemmParams;
+
+GroupedGemmParams valid_shape() {
+  GroupedGemmParams p;
+  p.m_total = 1000;
+  p.k = 256;
+  p.n_out = 1536;
+  p.num_experts = 8;
+  p.sm_count = 132;
+  return p;
+}
+
+// ---------------------------------------------------------------- host logic, no GPU needed
+
+TEST(GroupedGemmHost, accepts_anchor_shapes) {
+  // Down-projection shapes of the anchor configs: (k = n, n_out = d, E).
+  const int64_t shapes[][3] = {{256, 1536, 128}, {1024, 1536, 32}, {512, 4096, 128},
+                               {1024, 4096, 128}, {1024, 2048, 64}, {768, 2048, 128},
+                               {1536, 4096, 128}, {2048, 7168, 256}};
+  for (const auto& s : shapes) {
+    GroupedGemmParams p = valid_shape();
+    p.k = s[0];
+    p.n_out = s[1];
+    p.num_experts = static_cast<int>(s[2]);
+    EXPECT_EQ(sonicmoe::check_grouped_gemm(p), "") << "k=" << s[0] << " n_out=" << s[1];
+  }
+}
+
+TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
+  struct Case {
+    void (*mutate)(GroupedGemmParams&);
+    const char* expected;
+  };
+  const Case cases[] = {
+      {[](GroupedGemmParams& p) { p.num_experts = 0; }, "num_experts = 0 breaks the rule: must be >= 1"},
+      {[](GroupedGemmParams& p) { p.m_total = -1; }, "m_total = -1 breaks the rule"},
+      {[](GroupedGemmParams& p) { p.m_total = int64_t(1) << 31; }, "m_total = 2147483648 breaks"},
+      {[](GroupedGemmParams& p) { p.k = 100; }, "k = 100 breaks the rule: must be a positive multiple of 8"},
+      {[](GroupedGemmParams& p) { p.k = 0; }, "k = 0 breaks the rule"},
+      {[](GroupedGemmParams& p) { p.n_out = 1530; }, "n_out = 1530 breaks the rule"},
+      {[](GroupedGemmParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
+      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(9); }, "config = 9 breaks"},
+  };
+  for (const Case& c : cases) {
+    GroupedGemmParams p = valid_shape();
+    c.mutate(p);
+    const std::string msg = sonicmoe::check_grouped_gemm(p);
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << "got: " << msg;
+  }
+}
+
+TEST(GroupedGemmHost, run_rejects_null_and_misaligned_pointers_before_any_launch) {
+  GroupedGemmParams p = valid_shape();
+  EXPECT_NE(sonicmoe::run_grouped_gemm(p).message.find("must be non-null"), std::string::npos);
+  alignas(16) static char buf[64];
+  p.a = buf + 2;
+  p.b = p.out = p.workspace = buf;
+  p.expert_offsets = reinterpret_cast<const int32_t*>(buf);
+  EXPECT_NE(sonicmoe::run_grouped_gemm(p).message.find("16-byte aligned"), std::string::npos);
+}
+
+TEST(GroupedGemmHost, empty_problem_launches_nothing) {
+  GroupedGemmParams p = valid_shape();
+  p.m_total = 0;  // no pointers needed: nothing is read or written
+  EXPECT_TRUE(sonicmoe::run_grouped_gemm(p).ok());
+}
+
+TEST(GroupedGemmHost, workspace_layout_sections_are_aligned_and_disjoint) {
+  for (int experts : {1, 7, 8, 128, 256, 1000}) {
+    const auto l = sonicmoe::grouped_gemm_workspace_layout(experts, 12345);
+    const size_t starts[] = {l.problem_shapes, l.ptr_a, l.ptr_b, l.ptr_out,
+                             l.stride_a, l.stride_b, l.stride_out, l.cutlass};
+    const size_t sizes[] = {experts * sonicmoe::kProblemShapeSlotBytes,
+                            experts * sonicmoe::kPointerSlotBytes,
+                            experts * sonicmoe::kPointerSlotBytes,
+                            experts * sonicmoe::kPointerSlotBytes,
+                            experts * sonicmoe::kStrideSlotBytes,
+                            experts * sonicmoe::kStrideSlotBytes,
+                            experts * sonicmoe::kStrideSlotBytes,
+                            12345};
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(starts[i] % sonicmoe::kWorkspaceAlignment, 0u);
+      const size_t end = starts[i] + sizes[i];
+      EXPECT_LE(end, i + 1 < 8 ? starts[i + 1] : l.total) << "section " << i << " overlaps";
+    }
+    EXPECT_EQ(l.total % sonicmoe::kWorkspaceAlignment, 0u);
+  }
+}
+
+TEST(GroupedGemmHost, workspace_size_covers_arguments_and_grows_with_experts) {
+  const size_t w8 = sonicmoe::grouped_gemm_workspace_size(8, 132);
+  const size_t w256 = sonicmoe::grouped_gemm_workspace_size(256, 132);
+  EXPECT_GE(w8, sonicmoe::grouped_gemm_workspace_layout(8, 0).total);
+  EXPECT_GT(w256, w8);
+  // Per-SM tensormaps live in CUTLASS's part: more SMs need more workspace.
+  EXPECT_GE(sonicmoe::grouped_gemm_workspace_size(8, 264), w8);
+}
+
+TEST(GroupedGemmHost, heuristic_picks_a_concrete_config) {
+  for (int64_t m : {1, 64, 1000, 262144}) {
+    for (int experts : {1, 8, 128, 256}) {
+      const GemmTileConfig c = sonicmoe::choose_grouped_gemm_config(m, 4096, 1024, experts);
+      EXPECT_NE(c, GemmTileConfig::kAuto);
+      EXPECT_GT(sonicmoe::gemm_tile_shape(c).m, 0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- GPU: kernel vs CPU loop
+
+bool hopper_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  return major == 9;
+}
+
+uint16_t to_bf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float from_bf16(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+struct GemmCase {
+  std::vector<int> rows_per_expert;
+  int k, n_out;
+  GemmTileConfig config;
+};
+
+void run_case(const GemmCase& c, uint32_t seed) {
+  const int experts = static_cast<int>(c.rows_per_expert.size());
+  std::vector<int32_t> offsets(experts + 1, 0);
+  for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + c.rows_per_expert[e];
+  const int64_t m = offsets[experts];
+
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> a(m * c.k), b(int64_t(experts) * c.n_out * c.k);
+  for (auto& v : a) v = to_bf16(normal(rng));
+  for (auto& v : b) v = to_bf16(normal(rng));
+
+  int sm_count = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  const size_t ws_bytes = sonicmoe::grouped_gemm_workspace_size(experts, sm_count);
+  void *d_a, *d_b, *d_out, *d_ws;
+  int32_t* d_off;
+  CUDA_OK(cudaMalloc(&d_a, std::max<size_t>(a.size() * 2, 16)));
+  CUDA_OK(cudaMalloc(&d_b, b.size() * 2));
+  CUDA_OK(cudaMalloc(&d_out, std::max<size_t>(m * c.n_out * 2, 16)));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_off), offsets.size() * 4));
+  CUDA_OK(cudaMalloc(&d_ws, ws_bytes));
+  CUDA_OK(cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_b, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_off, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(d_out, 0xff, m * c.n_out * 2));  // poison: bf16 0xffff is NaN
+
+  GroupedGemmParams p;
+  p.a = d_a;
+  p.b = d_b;
+  p.out = d_out;
+  p.expert_offsets = d_off;
+  p.m_total = m;
+  p.k = c.k;
+  p.n_out = c.n_out;
+  p.num_experts = experts;
+  p.workspace = d_ws;
+  p.workspace_bytes = ws_bytes;
+  p.sm_count = sm_count;
+  p.config = c.config;
+  const sonicmoe::Status st = sonicmoe::run_grouped_gemm(p);
+  ASSERT_TRUE(st.ok()) << st.message;
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<uint16_t> out(m * c.n_out);
+  CUDA_OK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
+  double err2 = 0, ref2 = 0;
+  for (int e = 0; e < experts; ++e) {
+    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+      for (int j = 0; j < c.n_out; ++j) {
+        double acc = 0;
+        const uint16_t* ar = &a[int64_t(r) * c.k];
+        const uint16_t* br = &b[(int64_t(e) * c.n_out + j) * c.k];
+        for (int kk = 0; kk < c.k; ++kk) acc += double(from_bf16(ar[kk])) * from_bf16(br[kk]);
+        const float got = from_bf16(out[int64_t(r) * c.n_out + j]);
+        ASSERT_TRUE(std::isfinite(got)) << "unwritten or non-finite output at row " << r << " col " << j;
+        err2 += (got - acc) * (got - acc);
+        ref2 += acc * acc;
+      }
+    }
+  }
+  if (m > 0) EXPECT_LE(std::sqrt(err2 / ref2), 1e-2);
+  cudaFree(d_a);
+  cudaFree(d_b);
+  cudaFree(d_out);
+  cudaFree(d_off);
+  cudaFree(d_ws);
+}
+
+class SM90_GroupedGemm : public ::testing::TestWithParam<GemmTileConfig> {
+ protected:
+  void SetUp() override {
+    if (!hopper_available()) GTEST_SKIP() << "needs a Hopper (sm_90) GPU";
+  }
+};
+
+TEST_P(SM90_GroupedGemm, bf16_ragged_experts_with_empty_ones) {
+  run_case({{0, 37, 128, 0, 1, 300, 0, 65}, 256, 384, GetParam()}, 1);
+}
+
+TEST_P(SM90_GroupedGemm, bf16_one_expert_holds_all_rows) {
+  run_case({{0, 0, 777, 0}, 512, 256, GetParam()}, 2);
+}
+
+TEST_P(SM90_GroupedGemm, bf16_single_expert_k_not_multiple_of_tile) {
+  run_case({{200}, 72, 136, GetParam()}, 3);
+}
+
+TEST_P(SM90_GroupedGemm, bf16_many_experts) {
+  std::vector<int> rows(128);
+  std::mt19937 rng(4);
+  for (auto& r : rows) r = static_cast<int>(rng() % 40);
+  run_case({rows, 128, 256, GetParam()}, 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, SM90_GroupedGemm,
+    ::testing::Values(GemmTileConfig::kAuto, GemmTileConfig::kPingpong128x128x64,
+                      GemmTileConfig::kPingpong64x128x128, GemmTileConfig::kCooperative128x256x64,
+                      GemmTileConfig::kCooperative256x128x64),
+    [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
+      return std::string(sonicmoe::gemm_tile_config_name(info.param));
+    });
+
+}  // namespace
