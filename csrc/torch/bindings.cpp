@@ -1,0 +1,24 @@
+// The only place torch meets the kernel library: op schemas and their implementations.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "torch/ops.h"
+
+// Importing sonicmoe._C registers the ops below; the module itself has no Python functions.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}
+
+TORCH_LIBRARY(sonicmoe, m) {
+  // K2 of DESIGN §4: out[r] = a[r] @ b[e]^T for rows r of expert e (varlen-M grouped GEMM).
+  m.def("grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
+  m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cuda);
+}
+
+TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
+  m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cpu);
+}

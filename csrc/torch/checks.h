@@ -1,0 +1,62 @@
+// Argument checks of the torch layer: every failure names the argument, its value and the rule.
+//
+// Values are turned into text with std::to_string / c10's own printers, never by streaming a
+// number inside this library: a toolchain that links its own libstdc++ into the extension (seen
+// on the H200 image) crashes in the number formatting of a second libstdc++ copy.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <string>
+
+namespace sonicmoe::torch_ops {
+
+inline std::string text(int64_t v) { return std::to_string(v); }
+inline std::string text(const std::string& v) { return v; }
+
+inline std::string list_text(c10::IntArrayRef values) {
+  std::string s = "[";
+  for (size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + std::to_string(values[i]);
+  return s + "]";
+}
+
+[[noreturn]] inline void fail_arg(const char* op, const std::string& name, const std::string& value,
+                                  const std::string& rule) {
+  TORCH_CHECK_VALUE(false, std::string(op) + ": " + name + " = " + value +
+                               " breaks the rule: " + rule);
+}
+
+inline void check_arg(bool ok, const char* op, const std::string& name, const std::string& value,
+                      const std::string& rule) {
+  if (!ok) fail_arg(op, name, value, rule);
+}
+
+inline void check_dtype(const char* op, const at::Tensor& t, const char* name,
+                        at::ScalarType expected) {
+  if (t.scalar_type() != expected) {
+    TORCH_CHECK_TYPE(false, std::string(op) + ": " + name + ".dtype = " +
+                                c10::toString(t.scalar_type()) + " breaks the rule: must be " +
+                                c10::toString(expected));
+  }
+}
+
+inline void check_dim(const char* op, const at::Tensor& t, const char* name, int64_t dim,
+                      const char* layout) {
+  check_arg(t.dim() == dim, op, std::string(name) + ".shape", list_text(t.sizes()),
+            "must be " + std::to_string(dim) + "-D " + layout);
+}
+
+inline void check_contiguous(const char* op, const at::Tensor& t, const char* name) {
+  check_arg(t.is_contiguous(), op, std::string(name) + ".stride()", list_text(t.strides()),
+            "must be contiguous (row-major); call .contiguous() first");
+}
+
+inline void check_aligned16(const char* op, const at::Tensor& t, const char* name) {
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  check_arg(t.numel() == 0 || addr % 16 == 0, op, std::string(name) + ".data_ptr()",
+            std::to_string(addr), "must be 16-byte aligned (TMA); a sliced view may not be");
+}
+
+}  // namespace sonicmoe::torch_ops

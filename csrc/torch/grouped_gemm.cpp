@@ -1,0 +1,121 @@
+// torch.ops.sonicmoe.grouped_gemm: validation, allocation, launch on the current stream.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "common/tile_size.h"
+#include "sonicmoe.h"
+#include "torch/checks.h"
+#include "torch/ops.h"
+
+namespace sonicmoe::torch_ops {
+namespace {
+
+constexpr const char* kOp = "grouped_gemm";
+
+// Everything that can be checked without a GPU, in the order a user would fix it.
+void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
+                             const at::Tensor& expert_offsets, int64_t tile_config) {
+  check_dtype(kOp, a, "a", at::kBFloat16);
+  check_dtype(kOp, b, "b", at::kBFloat16);
+  check_dtype(kOp, expert_offsets, "expert_offsets", at::kInt);
+  check_dim(kOp, a, "a", 2, "(m_total, k)");
+  check_dim(kOp, b, "b", 3, "(num_experts, n_out, k)");
+  check_dim(kOp, expert_offsets, "expert_offsets", 1, "(num_experts + 1)");
+  const int64_t num_experts = b.size(0);
+  check_arg(num_experts >= 1, kOp, "b.shape", list_text(b.sizes()),
+            "needs at least one expert (b.shape[0] >= 1)");
+  check_arg(expert_offsets.size(0) == num_experts + 1, kOp, "expert_offsets.shape",
+            list_text(expert_offsets.sizes()),
+            "must be (num_experts + 1,) = (" + std::to_string(num_experts + 1) + ",)");
+  check_arg(a.size(1) == b.size(2), kOp, "a.shape", list_text(a.sizes()),
+            "a.shape[1] must equal b.shape[2] = " + std::to_string(b.size(2)) + " (k)");
+  check_contiguous(kOp, a, "a");
+  check_contiguous(kOp, b, "b");
+  check_contiguous(kOp, expert_offsets, "expert_offsets");
+  check_aligned16(kOp, a, "a");
+  check_aligned16(kOp, b, "b");
+  check_arg(tile_config >= 0 && tile_config < kNumGemmTileConfigs, kOp, "tile_config",
+            text(tile_config),
+            "must be 0 (auto) or a GemmTileConfig in [1, " +
+                std::to_string(kNumGemmTileConfigs - 1) + "]");
+
+  GroupedGemmParams shape;
+  shape.m_total = a.size(0);
+  shape.k = a.size(1);
+  shape.n_out = b.size(1);
+  shape.num_experts = static_cast<int>(num_experts);
+  shape.sm_count = 1;
+  shape.config = static_cast<GemmTileConfig>(tile_config);
+  const std::string problem = check_grouped_gemm(shape);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+void check_grouped_gemm_device(const at::Tensor& a, const at::Tensor& b,
+                               const at::Tensor& expert_offsets) {
+  for (auto [t, name] : {std::pair{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}}) {
+    check_arg(t->is_cuda(), kOp, std::string(name) + ".device", t->device().str(),
+              "must be a CUDA device (the kernels are CUDA-only)");
+    check_arg(t->device() == a.device(), kOp, std::string(name) + ".device", t->device().str(),
+              "must be the device of a (" + a.device().str() + ")");
+  }
+}
+
+struct DeviceInfo {
+  int major = 0, minor = 0, sm_count = 0;
+};
+
+DeviceInfo device_info(int device) {
+  DeviceInfo info;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
+  return info;
+}
+
+}  // namespace
+
+at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
+                             const at::Tensor& expert_offsets, int64_t tile_config) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config);
+  check_grouped_gemm_device(a, b, expert_offsets);
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  if (a.size(0) == 0) return out;
+
+  const DeviceInfo info = device_info(a.get_device());
+  TORCH_CHECK(info.major == 9 && info.minor == 0,
+              std::string(kOp) + ": device " + a.device().str() + " is sm_" +
+                  std::to_string(info.major) + std::to_string(info.minor) +
+                  "; this build has Hopper (sm_90a) kernels only");
+
+  GroupedGemmParams p;
+  p.a = a.data_ptr();
+  p.b = b.data_ptr();
+  p.out = out.data_ptr();
+  p.expert_offsets = expert_offsets.data_ptr<int32_t>();
+  p.m_total = a.size(0);
+  p.k = a.size(1);
+  p.n_out = b.size(1);
+  p.num_experts = static_cast<int>(b.size(0));
+  p.sm_count = info.sm_count;
+  p.config = static_cast<GemmTileConfig>(tile_config);
+  p.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
+  p.workspace_bytes = grouped_gemm_workspace_size(p.num_experts, p.sm_count);
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(p.workspace_bytes)}, a.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+
+  const Status status = run_grouped_gemm(p);
+  TORCH_CHECK(status.ok(), status.message);  // a std::string: no number formatting here
+  return out;
+}
+
+at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
+                            const at::Tensor& expert_offsets, int64_t tile_config) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config);
+  check_grouped_gemm_device(a, b, expert_offsets);  // raises: a is on the CPU
+  return {};
+}
+
+}  // namespace sonicmoe::torch_ops

@@ -1,0 +1,59 @@
+"""Loads the compiled ops (torch.ops.sonicmoe.*) and registers a fake beside each wrapper."""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from . import _C  # noqa: F401  (importing registers torch.ops.sonicmoe)
+except ImportError as exc:  # pragma: no cover - depends on the build
+    _C = None
+    _IMPORT_ERROR = exc
+else:
+    _IMPORT_ERROR = None
+
+# Tile configurations of the sm90 grouped GEMM (csrc/sonicmoe.h, GemmTileConfig).
+GEMM_TILE_CONFIGS = {
+    "auto": 0,
+    "pingpong_128x128x64_c2x1": 1,
+    "pingpong_64x128x128_c2x1": 2,
+    "cooperative_128x256x64_c2x1": 3,
+    "cooperative_256x128x64_c2x1": 4,
+}
+
+
+def extension_available() -> bool:
+    return _C is not None
+
+
+def _require_extension() -> None:
+    if _C is None:
+        raise RuntimeError(
+            "sonicmoe._C is not built; build it with `python setup.py build_ext --inplace` "
+            f"(import failed with: {_IMPORT_ERROR})"
+        )
+
+
+def grouped_gemm(
+    a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor, tile_config: str = "auto"
+) -> torch.Tensor:
+    """Varlen-M grouped GEMM: out[r] = a[r] @ b[e].T for rows r in expert e's range.
+
+    a: (M_total, k) bf16, rows sorted by expert; b: (E, n_out, k) bf16 (the w2 layout);
+    expert_offsets: (E+1,) int32 on the device. Returns (M_total, n_out) bf16.
+    """
+    _require_extension()
+    if tile_config not in GEMM_TILE_CONFIGS:
+        raise ValueError(
+            f"tile_config: {tile_config!r} is not one of {sorted(GEMM_TILE_CONFIGS)}"
+        )
+    return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config])
+
+
+if _C is not None:
+
+    @torch.library.register_fake("sonicmoe::grouped_gemm")
+    def _grouped_gemm_fake(a, b, expert_offsets, tile_config=0):
+        torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm: a must be 2-D, b 3-D")
+        torch._check(a.shape[1] == b.shape[2], lambda: "grouped_gemm: a.shape[1] != b.shape[2]")
+        return a.new_empty((a.shape[0], b.shape[1]))

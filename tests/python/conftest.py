@@ -1,0 +1,30 @@
+"""Test setup: import sonicmoe from python/ (build the extension in place first), and the
+skip conditions shared by the GPU tests."""
+
+import pathlib
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+
+import sonicmoe  # noqa: E402
+
+
+def _hopper_reason():
+    if not sonicmoe.extension_available():
+        return "sonicmoe._C is not built (python setup.py build_ext --inplace)"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (none here)"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return f"needs a Hopper sm_90 GPU, found sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
+    return None
+
+
+HOPPER_SKIP_REASON = _hopper_reason()
+requires_hopper = pytest.mark.skipif(HOPPER_SKIP_REASON is not None, reason=HOPPER_SKIP_REASON or "")
+requires_extension = pytest.mark.skipif(
+    not sonicmoe.extension_available(),
+    reason="sonicmoe._C is not built (python setup.py build_ext --inplace)",
+)

@@ -1,0 +1,90 @@
+"""torch.ops.sonicmoe.grouped_gemm rejects bad input before any launch, with a message that
+names the argument, its value and the rule. Runs on the CPU (the checks precede the device
+check), so CI covers every message."""
+
+import re
+
+import pytest
+import torch
+
+import sonicmoe
+from conftest import requires_extension
+
+pytestmark = requires_extension
+
+
+def valid(E=4, m=40, k=64, n_out=32):
+    a = torch.randn(m, k).bfloat16()
+    b = torch.randn(E, n_out, k).bfloat16()
+    offs = torch.linspace(0, m, E + 1).round().to(torch.int32)
+    return a, b, offs
+
+
+CASES = [
+    ("a dtype", lambda a, b, o: (a.float(), b, o), TypeError,
+     "grouped_gemm: a.dtype = Float breaks the rule: must be BFloat16"),
+    ("b dtype", lambda a, b, o: (a, b.half(), o), TypeError,
+     "grouped_gemm: b.dtype = Half breaks the rule: must be BFloat16"),
+    ("offsets dtype", lambda a, b, o: (a, b, o.long()), TypeError,
+     "grouped_gemm: expert_offsets.dtype = Long breaks the rule: must be Int"),
+    ("a dim", lambda a, b, o: (a[None], b, o), ValueError,
+     "grouped_gemm: a.shape = [1, 40, 64] breaks the rule: must be 2-D (m_total, k)"),
+    ("b dim", lambda a, b, o: (a, b[0], o), ValueError,
+     "grouped_gemm: b.shape = [32, 64] breaks the rule: must be 3-D (num_experts, n_out, k)"),
+    ("offsets dim", lambda a, b, o: (a, b, o[None]), ValueError,
+     "grouped_gemm: expert_offsets.shape = [1, 5] breaks the rule: must be 1-D (num_experts + 1)"),
+    ("no experts", lambda a, b, o: (a, b[:0], o[:1]), ValueError,
+     "grouped_gemm: b.shape = [0, 32, 64] breaks the rule: needs at least one expert"),
+    ("offsets length", lambda a, b, o: (a, b, o[:-1]), ValueError,
+     "grouped_gemm: expert_offsets.shape = [4] breaks the rule: must be (num_experts + 1,) = (5,)"),
+    ("k mismatch", lambda a, b, o: (a[:, :56].contiguous(), b, o), ValueError,
+     "grouped_gemm: a.shape = [40, 56] breaks the rule: a.shape[1] must equal b.shape[2] = 64 (k)"),
+    ("a contiguity", lambda a, b, o: (a.t().contiguous().t(), b, o), ValueError,
+     "grouped_gemm: a.stride() = [1, 40] breaks the rule: must be contiguous"),
+    ("b contiguity", lambda a, b, o: (a, b.transpose(1, 2).contiguous().transpose(1, 2), o),
+     ValueError, "grouped_gemm: b.stride() = [2048, 1, 32] breaks the rule: must be contiguous"),
+    ("k multiple of 8", lambda a, b, o: (a[:, :60].contiguous(), b[:, :, :60].contiguous(), o),
+     ValueError, "grouped_gemm: k = 60 breaks the rule: must be a positive multiple of 8"),
+    ("n_out multiple of 8", lambda a, b, o: (a, b[:, :30].contiguous(), o), ValueError,
+     "grouped_gemm: n_out = 30 breaks the rule: must be a positive multiple of 8"),
+    ("device", lambda a, b, o: (a, b, o), ValueError,
+     "grouped_gemm: a.device = cpu breaks the rule: must be a CUDA device"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,exc,message", CASES, ids=[c[0] for c in CASES])
+def test_grouped_gemm_rejects(name, mutate, exc, message):
+    args = mutate(*valid())
+    with pytest.raises(exc, match=re.escape(message)):
+        torch.ops.sonicmoe.grouped_gemm(*args)
+
+
+def test_grouped_gemm_rejects_unknown_tile_config_number():
+    with pytest.raises(ValueError, match=re.escape(
+            "grouped_gemm: tile_config = 7 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
+        torch.ops.sonicmoe.grouped_gemm(*valid(), 7)
+
+
+def test_python_wrapper_rejects_unknown_tile_config_name():
+    with pytest.raises(ValueError, match="tile_config: 'huge' is not one of"):
+        sonicmoe.grouped_gemm(*valid(), tile_config="huge")
+
+
+def test_fake_tensor_shape_without_a_gpu():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.empty(1000, 256, dtype=torch.bfloat16)
+        b = torch.empty(8, 1536, 256, dtype=torch.bfloat16)
+        offs = torch.empty(9, dtype=torch.int32)
+        out = torch.ops.sonicmoe.grouped_gemm(a, b, offs)
+    assert out.shape == (1000, 1536) and out.dtype == torch.bfloat16
+
+
+def test_grouped_gemm_rejects_misaligned_data_pointer():
+    a, b, offs = valid()
+    flat = torch.randn(a.numel() + 1).bfloat16()
+    shifted = flat[1:].view(a.shape)  # contiguous, 2 bytes past an aligned address
+    with pytest.raises(ValueError, match=r"grouped_gemm: a.data_ptr\(\) = \d+ breaks the rule: "
+                                         r"must be 16-byte aligned \(TMA\)"):
+        torch.ops.sonicmoe.grouped_gemm(shifted, b, offs)
