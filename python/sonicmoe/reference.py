@@ -1,0 +1,179 @@
+"""Pure-PyTorch MoE in the public layout (DESIGN §2): the ground truth for every kernel.
+
+Runs on CPU or GPU, computes in the dtype of its inputs and is differentiable through
+plain autograd. It favours clarity over speed and, unlike the kernels, may sync with
+the host (it reads per-expert token counts to slice the sorted rows).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ROUTING_MODES", "route", "moe_routed", "moe"]
+
+ROUTING_MODES = ("topk_softmax", "softmax_topk", "softmax_topk_norm")
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_routing(routing: str) -> None:
+    if routing == "token_rounding":
+        raise NotImplementedError(
+            "routing='token_rounding' is not implemented yet "
+            "(tile-aware token rounding, DESIGN §6)"
+        )
+    if routing not in ROUTING_MODES:
+        raise ValueError(f"routing: expected one of {ROUTING_MODES}, got {routing!r}")
+
+
+def _check_top_k(top_k: int, num_experts: int) -> int:
+    try:
+        top_k = operator.index(top_k)
+    except TypeError:
+        raise TypeError(f"top_k: expected an int, got {top_k!r}") from None
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k: expected 1 <= top_k <= E = {num_experts}, got {top_k}")
+    return top_k
+
+
+def _check_same_dtype(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    if t.dtype != x.dtype:
+        raise ValueError(f"{name}: expected dtype {x.dtype} (the dtype of x), got {t.dtype}")
+
+
+def route(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    top_k: int,
+    routing: str = "topk_softmax",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-K token-choice routing.
+
+    Args:
+        x: (T, d) tokens.
+        router_weight: (E, d); logits = x @ router_weight.T.
+        top_k: K, experts per token, 1 <= K <= E.
+        routing: one of ROUTING_MODES.
+
+    Returns:
+        scores (T, K) in the dtype of x and experts (T, K) int64, ordered by
+        decreasing score.
+    """
+    _check_routing(routing)
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
+    d = x.shape[1]
+    if router_weight.dim() != 2 or router_weight.shape[1] != d:
+        raise ValueError(
+            f"router_weight: expected shape (E, d) with d = {d}, got {_shape(router_weight)}"
+        )
+    _check_same_dtype("router_weight", router_weight, x)
+    top_k = _check_top_k(top_k, router_weight.shape[0])
+
+    logits = x @ router_weight.T
+    if routing == "topk_softmax":
+        top_logits, experts = logits.topk(top_k, dim=-1)
+        scores = top_logits.softmax(dim=-1)
+    else:
+        scores, experts = logits.softmax(dim=-1).topk(top_k, dim=-1)
+        if routing == "softmax_topk_norm":
+            scores = scores / scores.sum(dim=-1, keepdim=True)
+    return scores, experts
+
+
+def moe_routed(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    scores: torch.Tensor,
+    experts: torch.Tensor,
+) -> torch.Tensor:
+    """Expert MLPs (SwiGLU) for given routing decisions.
+
+    Args:
+        x: (T, d) tokens (callers flatten leading batch dims).
+        w1: (E, 2n, d); rows [0, n) gate, rows [n, 2n) up.
+        w2: (E, d, n) down projection.
+        scores: (T, K) routing weights; gradients flow into them.
+        experts: (T, K) integer expert ids in [0, E).
+
+    Returns:
+        (T, d): out[t] = sum_k scores[t, k] * w2[e] @ (silu(h_gate) * h_up),
+        h = w1[e] @ x[t], e = experts[t, k].
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
+    T, d = x.shape
+    if w2.dim() != 3 or w2.shape[1] != d:
+        raise ValueError(f"w2: expected shape (E, d, n) with d = {d}, got {_shape(w2)}")
+    E, _, n = w2.shape
+    if _shape(w1) != (E, 2 * n, d):
+        raise ValueError(f"w1: expected shape (E, 2n, d) = {(E, 2 * n, d)}, got {_shape(w1)}")
+    _check_same_dtype("w1", w1, x)
+    _check_same_dtype("w2", w2, x)
+    if scores.dim() != 2 or scores.shape[0] != T:
+        raise ValueError(f"scores: expected shape (T, K) with T = {T}, got {_shape(scores)}")
+    if not scores.is_floating_point():
+        raise ValueError(f"scores: expected a floating-point dtype, got {scores.dtype}")
+    K = scores.shape[1]
+    if _shape(experts) != (T, K):
+        raise ValueError(f"experts: expected shape (T, K) = {(T, K)}, got {_shape(experts)}")
+    if experts.is_floating_point() or experts.is_complex() or experts.dtype == torch.bool:
+        raise ValueError(f"experts: expected an integer dtype, got {experts.dtype}")
+    if experts.numel() > 0:
+        lo, hi = (int(v) for v in torch.aminmax(experts))
+        if lo < 0 or hi >= E:
+            # Out-of-range ids would otherwise be dropped silently by the split below.
+            raise ValueError(
+                f"experts: expected ids in [0, E) = [0, {E}), got values in [{lo}, {hi}]"
+            )
+
+    # Sorted layout (DESIGN §4): rows grouped by expert, (token, k) order within one.
+    flat = experts.reshape(-1).long()
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=E).tolist()
+    x_sorted = x[order // max(K, 1)]
+
+    # Every expert runs, even with zero rows, so w1 and w2 always get a gradient
+    # tensor (zero for idle experts) rather than None.
+    ys = []
+    for e, rows in enumerate(x_sorted.split(counts)):
+        h = rows @ w1[e].T
+        a = F.silu(h[:, :n]) * h[:, n:]
+        ys.append(a @ w2[e].T)
+    y_sorted = torch.cat(ys) if ys else x.new_zeros(0, d)
+
+    # Undo the sort and combine by gathering, not scattering: deterministic, like K3.
+    y = y_sorted[torch.argsort(order)].view(T, K, d)
+    return torch.einsum("tk,tkd->td", scores.to(y.dtype), y)
+
+
+def moe(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    routing: str = "topk_softmax",
+) -> torch.Tensor:
+    """Full MoE layer: route, then moe_routed. x is (..., d); the output has x's shape."""
+    _check_routing(routing)
+    if x.dim() < 1:
+        raise ValueError(f"x: expected shape (..., d), got shape {_shape(x)}")
+    d = x.shape[-1]
+    if router_weight.dim() != 2 or router_weight.shape[1] != d:
+        raise ValueError(
+            f"router_weight: expected shape (E, d) with d = {d}, got {_shape(router_weight)}"
+        )
+    E = router_weight.shape[0]
+    if w2.dim() != 3 or w2.shape[:2] != (E, d):
+        raise ValueError(f"w2: expected shape (E, d, n) with (E, d) = {(E, d)}, got {_shape(w2)}")
+
+    x2 = x.reshape(-1, d)
+    scores, experts = route(x2, router_weight, top_k, routing)
+    return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)

@@ -1,0 +1,63 @@
+"""Routing metadata for the sorted (grouped-by-expert) layout of DESIGN §4.
+
+Everything here stays on the tensors' device with no host sync: output sizes depend
+only on shapes, never on data, so the helpers are CUDA-graph capturable and trace
+under torch.compile.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["RoutingMetadata", "routing_metadata"]
+
+
+class RoutingMetadata(NamedTuple):
+    """Index vectors of the sorted layout; T*K rows grouped by expert.
+
+    expert_offsets: (E+1,) int32; expert e owns rows [off[e], off[e+1]),
+        off[0] = 0 and off[E] = T*K.
+    gather_idx: (T*K,) int32; sorted row -> token index.
+    rev_idx: (T, K) int32; (token, k) -> sorted row.
+
+    Within an expert, rows are ordered by (token, k) ascending.
+    """
+
+    expert_offsets: torch.Tensor
+    gather_idx: torch.Tensor
+    rev_idx: torch.Tensor
+
+
+def routing_metadata(experts: torch.Tensor, num_experts: int) -> RoutingMetadata:
+    """Build the sorted-layout metadata from (T, K) expert ids.
+
+    Ids must lie in [0, num_experts); that is not checked, since checking would sync.
+    """
+    if num_experts < 1:
+        raise ValueError(f"num_experts: expected num_experts >= 1, got {num_experts}")
+    if experts.dim() != 2:
+        raise ValueError(
+            f"experts: expected a 2-D tensor (T, K), got shape {tuple(experts.shape)}"
+        )
+    if experts.is_floating_point() or experts.is_complex() or experts.dtype == torch.bool:
+        raise ValueError(f"experts: expected an integer dtype, got {experts.dtype}")
+
+    T, K = experts.shape
+    device = experts.device
+    flat = experts.reshape(-1).long()
+
+    # Integer atomics are exact, so the counts are deterministic; bincount would sync.
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    expert_offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=device)
+    expert_offsets[1:] = counts.cumsum(0)
+
+    # Stable sort of the (token, k)-major flat ids keeps (token, k) order within an expert.
+    order = torch.sort(flat, stable=True).indices
+    gather_idx = torch.div(order, max(K, 1), rounding_mode="floor").to(torch.int32)
+    rev_idx = torch.empty(T * K, dtype=torch.int32, device=device)
+    rev_idx.scatter_(0, order, torch.arange(T * K, dtype=torch.int32, device=device))
+
+    return RoutingMetadata(expert_offsets, gather_idx, rev_idx.view(T, K))
