@@ -1,0 +1,177 @@
+"""SonicMoE benchmark on the anchor configs of shared/anchors (copied to benchmarks/anchors/).
+
+Current scope (the foundation issue): the down-projection grouped GEMM of each config,
+M_total = T*K rows balanced over E experts, k = n, n_out = d, against torch._grouped_mm in the
+same run. Prints a table; writes JSON and a PNG plot to --out.
+
+  python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+import sonicmoe  # noqa: E402
+
+ANCHORS = [ROOT.parent / "shared" / "anchors" / "h200-2026-11-29.json",
+           ROOT / "benchmarks" / "anchors" / "h200-2026-11-29.json"]
+
+
+def load_anchors():
+    path = next(p for p in ANCHORS if p.exists())
+    data = json.loads(path.read_text())
+    configs = {}
+    for row in data["rows"]:
+        configs.setdefault(row["config"], {k: row[k] for k in ("T", "d", "n", "E", "K")})
+    return path, data, configs
+
+
+def time_ms(fn, warmup=10, iters=100):
+    """Median CUDA-event time of fn in ms. All iterations are queued back to back (one sync at
+    the end), so host launch cost is hidden behind GPU work as it is in a training step."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def warm_up_gpu(seconds=1.0):
+    """Bring the clocks up before the first measurement (the card idles at a low SM clock)."""
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(10):
+            x @ x
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) > seconds * 1e3:
+            break
+
+
+def rel_error(out, a, b, offs, experts_to_check=4):
+    """Relative Frobenius error against fp32 on a few experts (full check lives in the tests)."""
+    bounds = offs.tolist()
+    num, den = 0.0, 0.0
+    for e in torch.linspace(0, b.shape[0] - 1, experts_to_check).long().tolist():
+        lo, hi = bounds[e], bounds[e + 1]
+        ref = a[lo:hi].float() @ b[e].float().t()
+        num += float((out[lo:hi].float() - ref).norm() ** 2)
+        den += float(ref.norm() ** 2)
+    return (num / den) ** 0.5
+
+
+def time_interleaved(fns, rounds=7, iters=40):
+    """Median ms of each fn over rounds of back-to-back runs, the fns taking turns, so clock
+    and thermal drift hit every implementation alike."""
+    samples = {name: [] for name in fns}
+    for fn in fns.values():
+        time_ms(fn, warmup=5, iters=2)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(time_ms(fn, warmup=2, iters=iters))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def bench_down_projection(name, cfg, tiles):
+    T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
+    m_total, k, n_out = T * K, n, d
+    a = torch.randn(m_total, k, device="cuda").bfloat16()
+    b = (torch.randn(E, n_out, k, device="cuda") * k**-0.5).bfloat16()
+    offs = (torch.arange(E + 1, device="cuda") * (m_total // E)).to(torch.int32)
+    offs[-1] = m_total
+    flops = 2.0 * m_total * k * n_out
+    row = {"config": name, "M_total": m_total, "k": k, "n_out": n_out, "E": E}
+
+    b_t = b.transpose(1, 2)  # (E, k, n_out) view: torch._grouped_mm's layout, no copy
+    fns = {"torch_grouped_mm": lambda: torch._grouped_mm(a, b_t, offs=offs[1:])}
+    for tile in tiles:
+        out = sonicmoe.grouped_gemm(a, b, offs, tile_config=tile)
+        row[f"sonicmoe_{tile}_rel_err"] = rel_error(out, a, b, offs)
+        fns[f"sonicmoe_{tile}"] = (lambda t: lambda: sonicmoe.grouped_gemm(a, b, offs, tile_config=t))(tile)
+    for impl, ms in time_interleaved(fns).items():
+        row[f"{impl}_tflops"] = flops / ms / 1e9
+    row["ratio_auto_vs_torch"] = row["sonicmoe_auto_tflops"] / row["torch_grouped_mm_tflops"]
+    return row
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["config"] for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    w = 0.38
+    ax.bar([i - w / 2 for i in x], [r["sonicmoe_auto_tflops"] for r in rows], w, label="sonicmoe grouped_gemm")
+    ax.bar([i + w / 2 for i in x], [r["torch_grouped_mm_tflops"] for r in rows], w, label="torch._grouped_mm")
+    ax.set_xticks(list(x), names, rotation=20, ha="right")
+    ax.set_ylabel("TFLOP/s (bf16)")
+    ax.set_title("Down-projection grouped GEMM, H200 (M_total = T*K balanced over E)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="bench-out", help="folder for JSON and PNG")
+    parser.add_argument("--configs", default="", help="comma-separated config names (default all)")
+    parser.add_argument("--all-tiles", action="store_true", help="also time every tile config")
+    args = parser.parse_args()
+
+    if not (torch.cuda.is_available() and sonicmoe.extension_available()):
+        sys.exit("bench.py needs a Hopper GPU and the built extension (python setup.py build_ext --inplace)")
+    anchors_path, anchors, configs = load_anchors()
+    names = [c for c in args.configs.split(",") if c] or list(configs)
+    tiles = list(sonicmoe.GEMM_TILE_CONFIGS) if args.all_tiles else ["auto"]
+
+    warm_up_gpu()
+    rows = []
+    for name in names:
+        rows.append(bench_down_projection(name, configs[name], tiles))
+        torch.cuda.empty_cache()
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "anchors": str(anchors_path.name),
+        "ceilings": anchors.get("ceilings"),
+        "benchmark": "down-projection grouped GEMM",
+        "rows": rows,
+    }
+    (out / "grouped_gemm.json").write_text(json.dumps(result, indent=1))
+    plot(rows, out / "grouped_gemm.png")
+
+    header = f"{'config':<18}{'M_total':>8}{'k':>6}{'n_out':>6}{'E':>5}{'torch':>8}{'ours':>8}{'ratio':>7}{'err':>9}"
+    extra = [t for t in tiles if t != "auto"]
+    print(header + "".join(f"{t[:14]:>16}" for t in extra))
+    for r in rows:
+        line = (f"{r['config']:<18}{r['M_total']:>8}{r['k']:>6}{r['n_out']:>6}{r['E']:>5}"
+                f"{r['torch_grouped_mm_tflops']:>8.1f}{r['sonicmoe_auto_tflops']:>8.1f}"
+                f"{r['ratio_auto_vs_torch']:>7.3f}{r['sonicmoe_auto_rel_err']:>9.1e}")
+        print(line + "".join(f"{r[f'sonicmoe_{t}_tflops']:>16.1f}" for t in extra))
+    print(f"(TFLOP/s, bf16; ratio = ours/torch; JSON and PNG in {out})")
+
+
+if __name__ == "__main__":
+    main()

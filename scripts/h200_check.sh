@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# On the H200: build the extension, run the GPU pytest suite and the gtest binary, check SASS
+# for HGMMA, run the benchmark, and end with a short summary table. Logs go to $OUT (or ./h200-out).
+#   bash scripts/h200_check.sh            # everything
+#   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-h200-out}
+mkdir -p "$OUT"
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
+GTEST_BIN=${GTEST_BIN:-.carry/sonicmoe_gtest}
+declare -A result
+
+step() {  # step NAME LOG COMMAND...
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS
+  if "$@" >"$OUT/$log" 2>&1; then result[$name]="ok"; else result[$name]="FAILED (rc=$?)"; fi
+  result[$name]="${result[$name]} $((SECONDS - t0))s"
+  echo "== $name: ${result[$name]}"; tail -n 3 "$OUT/$log"
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt" 2>&1
+step build build.log env MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace
+{ which c++ g++; c++ --version | head -1; ldd python/sonicmoe/_C*.so | grep -E "stdc|cudart";
+  echo "libstdc++ ostream symbols defined inside _C: $(nm -C --defined-only python/sonicmoe/_C*.so | grep -c 'std::basic_ostream')"; } >"$OUT/toolchain.txt" 2>&1
+if [ -x "$GTEST_BIN" ]; then
+  step gtest gtest.log "$GTEST_BIN"
+else
+  result[gtest]="not run: no gtest binary at $GTEST_BIN"
+fi
+step pytest pytest.log python3 -m pytest tests/python -q -rs -p no:cacheprovider ${PYTEST_ARGS:-}
+
+sass_check() {
+  local so; so=$(ls python/sonicmoe/_C*.so)
+  cuobjdump --dump-sass "$so" >"$OUT/sass.txt" || return 1
+  awk '/Function :/ {fn=$3} /HGMMA/ {n[fn]++} END {for (f in n) printf "%6d HGMMA  %s\n", n[f], substr(f,1,120)}' \
+    "$OUT/sass.txt" | sort -rn
+  [ "$(grep -c HGMMA "$OUT/sass.txt")" -gt 0 ]
+}
+step sass sass_summary.txt sass_check
+step bench bench.log python3 benchmarks/bench.py --all-tiles --out "$OUT"
+step demo demo.log python3 benchmarks/demo.py
+
+echo
+echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
+printf '%-8s %s\n' step result
+for s in build gtest pytest sass bench demo; do printf '%-8s %s\n' "$s" "${result[$s]}"; done
+grep -E "passed|failed" "$OUT/pytest.log" | tail -1
+grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
+cat "$OUT/sass_summary.txt" 2>/dev/null | head -8
+sed -n '/^config/,$p' "$OUT/bench.log"
