@@ -76,15 +76,17 @@ def rel_error(out, a, b, offs, experts_to_check=4):
     return (num / den) ** 0.5
 
 
-def time_interleaved(fns, rounds=7, iters=40):
-    """Median ms of each fn over rounds of back-to-back runs, the fns taking turns, so clock
-    and thermal drift hit every implementation alike."""
-    samples = {name: [] for name in fns}
+def time_interleaved(fns, rounds=9, iters=40):
+    """Median ms of each fn over rounds of back-to-back runs. The fns take turns and the order
+    rotates every round, so clock and thermal drift and position in the round hit every
+    implementation alike."""
+    names = list(fns)
+    samples = {name: [] for name in names}
     for fn in fns.values():
         time_ms(fn, warmup=5, iters=2)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(time_ms(fn, warmup=2, iters=iters))
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(time_ms(fns[name], warmup=2, iters=iters))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
