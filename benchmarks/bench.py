@@ -1,8 +1,11 @@
 """SonicMoE benchmark on the anchor configs of shared/anchors (copied to benchmarks/anchors/).
 
-Current scope (the foundation issue): the down-projection grouped GEMM of each config,
-M_total = T*K rows balanced over E experts, k = n, n_out = d, against torch._grouped_mm in the
-same run. Prints a table; writes JSON and a PNG plot to --out.
+Ops measured so far, each against its PyTorch counterpart in the same run:
+- grouped_gemm: the down-projection of each config, M_total = T*K rows balanced over E
+  experts, k = n, n_out = d, against torch._grouped_mm (TFLOP/s);
+- combine: out[t] = sum_k s * Y[rev(t, k)] at (T, K, d), against the gather-multiply-sum of
+  the torch reference (GB/s, against the device copy ceiling).
+Prints tables; writes JSON and a PNG plot to --out.
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
 """
@@ -112,6 +115,28 @@ def bench_down_projection(name, cfg, tiles):
     return row
 
 
+def bench_combine(name, cfg):
+    T, d, E, K = cfg["T"], cfg["d"], cfg["E"], cfg["K"]
+    experts = torch.rand(T, E, device="cuda").argsort(dim=-1)[:, :K]
+    rev_idx = sonicmoe.routing_metadata(experts, E).rev_idx
+    y = torch.randn(T * K, d, device="cuda").bfloat16()
+    scores = torch.rand(T, K, device="cuda").softmax(-1)
+    bytes_moved = T * K * d * 2 + T * d * 2 + T * K * 8
+    idx = rev_idx.long()
+
+    def torch_combine():
+        return (scores[..., None] * y[idx].float()).sum(1).bfloat16()
+
+    out = sonicmoe.combine(y, scores, rev_idx)
+    ref = (scores.double()[..., None] * y.double()[idx]).sum(1)
+    err = float((out.double() - ref).norm() / ref.norm())
+    ms = time_interleaved({"sonicmoe": lambda: sonicmoe.combine(y, scores, rev_idx),
+                           "torch": torch_combine})
+    return {"config": name, "T": T, "K": K, "d": d, "rel_err": err,
+            "sonicmoe_GBps": bytes_moved / ms["sonicmoe"] / 1e6,
+            "torch_GBps": bytes_moved / ms["torch"] / 1e6, "sonicmoe_ms": ms["sonicmoe"]}
+
+
 def plot(rows, path):
     import matplotlib
 
@@ -137,6 +162,7 @@ def main():
     parser.add_argument("--out", default="bench-out", help="folder for JSON and PNG")
     parser.add_argument("--configs", default="", help="comma-separated config names (default all)")
     parser.add_argument("--all-tiles", action="store_true", help="also time every tile config")
+    parser.add_argument("--ops", default="grouped_gemm,combine", help="comma-separated ops to time")
     args = parser.parse_args()
 
     if not (torch.cuda.is_available() and sonicmoe.extension_available()):
@@ -145,14 +171,30 @@ def main():
     names = [c for c in args.configs.split(",") if c] or list(configs)
     tiles = list(sonicmoe.GEMM_TILE_CONFIGS) if args.all_tiles else ["auto"]
 
+    ops = args.ops.split(",")
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     warm_up_gpu()
+    if "combine" in ops:
+        combine_rows = []
+        for name in names:
+            combine_rows.append(bench_combine(name, configs[name]))
+            torch.cuda.empty_cache()
+        ceiling = anchors.get("ceilings", {}).get("device_copy_GBps")
+        (out / "combine.json").write_text(json.dumps({"ceiling_copy_GBps": ceiling, "rows": combine_rows}, indent=1))
+        print(f"{'config':<18}{'T':>7}{'K':>4}{'d':>6}{'ms':>8}{'GB/s':>8}{'of copy':>9}{'torch GB/s':>12}{'err':>9}")
+        for r in combine_rows:
+            frac = r["sonicmoe_GBps"] / ceiling if ceiling else float("nan")
+            print(f"{r['config']:<18}{r['T']:>7}{r['K']:>4}{r['d']:>6}{r['sonicmoe_ms']:>8.3f}"
+                  f"{r['sonicmoe_GBps']:>8.0f}{frac:>9.2f}{r['torch_GBps']:>12.0f}{r['rel_err']:>9.1e}")
+        print(f"(combine: bytes = T*K*d*2 read + T*d*2 written + indices; copy ceiling {ceiling} GB/s)\n")
+    if "grouped_gemm" not in ops:
+        return
     rows = []
     for name in names:
         rows.append(bench_down_projection(name, configs[name], tiles))
         torch.cuda.empty_cache()
 
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,

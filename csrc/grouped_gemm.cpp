@@ -52,16 +52,27 @@ std::string check_grouped_gemm_pointers(const GroupedGemmParams& p) {
 
 }  // namespace
 
+namespace {
+
+template <GemmTileConfig... Configs>
+size_t max_cutlass_workspace(GemmTileConfigList<Configs...>, int num_experts, int sm_count) {
+  size_t bytes = 0;
+  ((bytes = std::max(bytes, sm90::grouped_gemm_cutlass_workspace_size<Configs>(num_experts, sm_count))), ...);
+  return bytes;
+}
+
+template <GemmTileConfig... Configs>
+Status dispatch(GemmTileConfigList<Configs...>, GemmTileConfig config, const GroupedGemmParams& p) {
+  Status status = Status::error("grouped_gemm: no kernel for tile config " +
+                                std::to_string(static_cast<int>(config)));
+  ((config == Configs && ((status = sm90::run_grouped_gemm<Configs>(p)), true)) || ...);
+  return status;
+}
+
+}  // namespace
+
 size_t grouped_gemm_workspace_size(int num_experts, int sm_count) {
-  size_t cutlass_bytes = 0;
-  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
-                                              GemmTileConfig::kPingpong128x128x64>(num_experts, sm_count));
-  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
-                                              GemmTileConfig::kPingpong64x128x128>(num_experts, sm_count));
-  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
-                                              GemmTileConfig::kCooperative128x256x64>(num_experts, sm_count));
-  cutlass_bytes = std::max(cutlass_bytes, sm90::grouped_gemm_cutlass_workspace_size<
-                                              GemmTileConfig::kCooperative256x128x64>(num_experts, sm_count));
+  const size_t cutlass_bytes = max_cutlass_workspace(AllGemmTileConfigs{}, num_experts, sm_count);
   return grouped_gemm_workspace_layout(num_experts, cutlass_bytes).total;
 }
 
@@ -80,19 +91,7 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   GemmTileConfig config = params.config;
   if (config == GemmTileConfig::kAuto)
     config = choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
-  switch (config) {
-    case GemmTileConfig::kPingpong128x128x64:
-      return sm90::run_grouped_gemm<GemmTileConfig::kPingpong128x128x64>(params);
-    case GemmTileConfig::kPingpong64x128x128:
-      return sm90::run_grouped_gemm<GemmTileConfig::kPingpong64x128x128>(params);
-    case GemmTileConfig::kCooperative128x256x64:
-      return sm90::run_grouped_gemm<GemmTileConfig::kCooperative128x256x64>(params);
-    case GemmTileConfig::kCooperative256x128x64:
-      return sm90::run_grouped_gemm<GemmTileConfig::kCooperative256x128x64>(params);
-    case GemmTileConfig::kAuto: break;
-  }
-  return Status::error("grouped_gemm: no kernel for tile config " +
-                       std::to_string(static_cast<int>(config)));
+  return dispatch(AllGemmTileConfigs{}, config, params);
 }
 
 }  // namespace sonicmoe

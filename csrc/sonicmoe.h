@@ -28,8 +28,10 @@ enum class GemmTileConfig : int {
   kPingpong64x128x128 = 2,
   kCooperative128x256x64 = 3,
   kCooperative256x128x64 = 4,
+  kPingpong128x128x128 = 5,
+  kPingpong128x128x64C1x1 = 6,
 };
-constexpr int kNumGemmTileConfigs = 5;  // including kAuto
+constexpr int kNumGemmTileConfigs = 7;  // including kAuto
 
 // Varlen-M grouped GEMM (K2 of DESIGN §4):
 //   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
@@ -67,5 +69,26 @@ GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_
 // read on the device. Invalid offsets (not starting at 0, decreasing, not ending at m_total)
 // stop the kernel with a device-side trap rather than reading out of bounds.
 Status run_grouped_gemm(const GroupedGemmParams& params);
+
+// Combine (K3 of DESIGN §4): out[t, :] = sum_k scores[t, k] * y[rev_idx[t, k], :].
+// Deterministic (a fixed summation order, no atomics), fp32 accumulation, bf16 out.
+struct CombineParams {
+  const void* y = nullptr;              // (num_rows, d) bf16, the sorted layout
+  const float* scores = nullptr;        // (num_tokens, top_k) fp32
+  const int32_t* rev_idx = nullptr;     // (num_tokens, top_k) int32, (t, k) -> row of y
+  void* out = nullptr;                  // (num_tokens, d) bf16
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  int64_t d = 0;
+  int64_t num_rows = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// Shape rules of combine (no pointers); "" when supported.
+std::string check_combine(const CombineParams& params);
+
+// Enqueues combine on params.stream. A rev_idx entry outside [0, num_rows) stops the kernel
+// with a device-side trap instead of reading out of bounds.
+Status run_combine(const CombineParams& params);
 
 }  // namespace sonicmoe

@@ -23,6 +23,10 @@ constexpr GemmTileShape gemm_tile_shape(GemmTileConfig config) {
     // Both warpgroups split one 128x256 tile (64 rows each): the most reuse per smem byte.
     case GemmTileConfig::kCooperative128x256x64: return {128, 256, 64, 2, 1, false};
     case GemmTileConfig::kCooperative256x128x64: return {256, 128, 64, 2, 1, false};
+    // Half the mainloop iterations (and barrier round trips) per tile for long K.
+    case GemmTileConfig::kPingpong128x128x128: return {128, 128, 128, 2, 1, true};
+    // No cluster: no multicast, no cluster-wide barriers; each CTA loads its own B tile.
+    case GemmTileConfig::kPingpong128x128x64C1x1: return {128, 128, 64, 1, 1, true};
     case GemmTileConfig::kAuto: break;
   }
   return {0, 0, 0, 0, 0, false};
@@ -35,8 +39,20 @@ constexpr const char* gemm_tile_config_name(GemmTileConfig config) {
     case GemmTileConfig::kPingpong64x128x128: return "pingpong_64x128x128_c2x1";
     case GemmTileConfig::kCooperative128x256x64: return "cooperative_128x256x64_c2x1";
     case GemmTileConfig::kCooperative256x128x64: return "cooperative_256x128x64_c2x1";
+    case GemmTileConfig::kPingpong128x128x128: return "pingpong_128x128x128_c2x1";
+    case GemmTileConfig::kPingpong128x128x64C1x1: return "pingpong_128x128x64_c1x1";
   }
   return "unknown";
 }
+
+// Every concrete configuration, for code that must visit them all (dispatch, workspace size).
+template <GemmTileConfig... Configs>
+struct GemmTileConfigList {};
+using AllGemmTileConfigs =
+    GemmTileConfigList<GemmTileConfig::kPingpong128x128x64, GemmTileConfig::kPingpong64x128x128,
+                       GemmTileConfig::kCooperative128x256x64,
+                       GemmTileConfig::kCooperative256x128x64,
+                       GemmTileConfig::kPingpong128x128x128,
+                       GemmTileConfig::kPingpong128x128x64C1x1>;
 
 }  // namespace sonicmoe

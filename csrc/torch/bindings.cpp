@@ -13,12 +13,16 @@ extern "C" PyObject* PyInit__C(void) {
 TORCH_LIBRARY(sonicmoe, m) {
   // K2 of DESIGN §4: out[r] = a[r] @ b[e]^T for rows r of expert e (varlen-M grouped GEMM).
   m.def("grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0) -> Tensor");
+  // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
+  m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cuda);
+  m.impl("combine", &sonicmoe::torch_ops::combine_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cpu);
+  m.impl("combine", &sonicmoe::torch_ops::combine_cpu);
 }

@@ -9,7 +9,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace sonicmoe::torch_ops {
 
@@ -57,6 +59,21 @@ inline void check_aligned16(const char* op, const at::Tensor& t, const char* nam
   const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
   check_arg(t.numel() == 0 || addr % 16 == 0, op, std::string(name) + ".data_ptr()",
             std::to_string(addr), "must be 16-byte aligned (TMA); a sliced view may not be");
+}
+
+// Every tensor on the CUDA device of the first one (after all other checks, so CPU tests reach
+// those first).
+inline void check_same_cuda_device(
+    const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors) {
+  const at::Tensor& first = *tensors.begin()->first;
+  const std::string first_name = tensors.begin()->second;
+  for (const auto& [t, name] : tensors) {
+    check_arg(t->is_cuda(), op, std::string(name) + ".device", t->device().str(),
+              "must be a CUDA device (the kernels are CUDA-only)");
+    check_arg(t->device() == first.device(), op, std::string(name) + ".device",
+              t->device().str(), "must be the device of " + first_name + " (" +
+                                     first.device().str() + ")");
+  }
 }
 
 }  // namespace sonicmoe::torch_ops

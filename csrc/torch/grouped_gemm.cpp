@@ -51,15 +51,6 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
-void check_grouped_gemm_device(const at::Tensor& a, const at::Tensor& b,
-                               const at::Tensor& expert_offsets) {
-  for (auto [t, name] : {std::pair{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}}) {
-    check_arg(t->is_cuda(), kOp, std::string(name) + ".device", t->device().str(),
-              "must be a CUDA device (the kernels are CUDA-only)");
-    check_arg(t->device() == a.device(), kOp, std::string(name) + ".device", t->device().str(),
-              "must be the device of a (" + a.device().str() + ")");
-  }
-}
 
 struct DeviceInfo {
   int major = 0, minor = 0, sm_count = 0;
@@ -78,7 +69,7 @@ DeviceInfo device_info(int device) {
 at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
                              const at::Tensor& expert_offsets, int64_t tile_config) {
   check_grouped_gemm_args(a, b, expert_offsets, tile_config);
-  check_grouped_gemm_device(a, b, expert_offsets);
+  check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   if (a.size(0) == 0) return out;
@@ -114,7 +105,8 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& expert_offsets, int64_t tile_config) {
   check_grouped_gemm_args(a, b, expert_offsets, tile_config);
-  check_grouped_gemm_device(a, b, expert_offsets);  // raises: a is on the CPU
+  // Raises: a is on the CPU.
+  check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   return {};
 }
 

@@ -12,4 +12,8 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& expert_offsets, int64_t tile_config);
 
+// combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor
+at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
+at::Tensor combine_cpu(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
+
 }  // namespace sonicmoe::torch_ops

@@ -19,6 +19,8 @@ GEMM_TILE_CONFIGS = {
     "pingpong_64x128x128_c2x1": 2,
     "cooperative_128x256x64_c2x1": 3,
     "cooperative_256x128x64_c2x1": 4,
+    "pingpong_128x128x128_c2x1": 5,
+    "pingpong_128x128x64_c1x1": 6,
 }
 
 
@@ -50,6 +52,16 @@ def grouped_gemm(
     return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config])
 
 
+def combine(y: torch.Tensor, scores: torch.Tensor, rev_idx: torch.Tensor) -> torch.Tensor:
+    """K3: out[t] = sum_k scores[t, k] * y[rev_idx[t, k]], fp32 accumulation, deterministic.
+
+    y: (rows, d) bf16 in the sorted layout; scores: (T, K) (cast to fp32, the router's
+    precision); rev_idx: (T, K) int32 from routing_metadata. Returns (T, d) bf16.
+    """
+    _require_extension()
+    return torch.ops.sonicmoe.combine(y, scores.float(), rev_idx)
+
+
 if _C is not None:
 
     @torch.library.register_fake("sonicmoe::grouped_gemm")
@@ -57,3 +69,8 @@ if _C is not None:
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[2], lambda: "grouped_gemm: a.shape[1] != b.shape[2]")
         return a.new_empty((a.shape[0], b.shape[1]))
+
+    @torch.library.register_fake("sonicmoe::combine")
+    def _combine_fake(y, scores, rev_idx):
+        torch._check(y.dim() == 2 and scores.dim() == 2, lambda: "combine: y and scores must be 2-D")
+        return y.new_empty((scores.shape[0], y.shape[1]))

@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,11 +12,15 @@
 #include "common/grouped_gemm_workspace.h"
 #include "common/tile_size.h"
 #include "sonicmoe.h"
+#include "test_util.h"
 
 namespace {
 
 using sonicmoe::GemmTileConfig;
 using sonicmoe::GroupedGemmParams;
+using sonicmoe::test::from_bf16;
+using sonicmoe::test::hopper_available;
+using sonicmoe::test::to_bf16;
 
 GroupedGemmParams valid_shape() {
   GroupedGemmParams p;
@@ -127,30 +130,6 @@ TEST(GroupedGemmHost, heuristic_picks_a_concrete_config) {
 
 // ---------------------------------------------------------------- GPU: kernel vs CPU loop
 
-bool hopper_available() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
-  int major = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  return major == 9;
-}
-
-uint16_t to_bf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
 struct GemmCase {
   std::vector<int> rows_per_expert;
   int k, n_out;
@@ -256,7 +235,8 @@ INSTANTIATE_TEST_SUITE_P(
     Configs, SM90_GroupedGemm,
     ::testing::Values(GemmTileConfig::kAuto, GemmTileConfig::kPingpong128x128x64,
                       GemmTileConfig::kPingpong64x128x128, GemmTileConfig::kCooperative128x256x64,
-                      GemmTileConfig::kCooperative256x128x64),
+                      GemmTileConfig::kCooperative256x128x64, GemmTileConfig::kPingpong128x128x128,
+                      GemmTileConfig::kPingpong128x128x64C1x1),
     [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
       return std::string(sonicmoe::gemm_tile_config_name(info.param));
     });

@@ -1,0 +1,119 @@
+// K3 combine: out[t] = sum_k s[t,k] * y[rev_idx[t,k]]. Plain CUDA, arch-generic.
+//
+// One warp per token. Each lane owns 8 consecutive columns (one 16-byte vector) per pass and
+// issues the loads of all K rows before it accumulates, so K independent 16-byte loads are in
+// flight per lane; the sum runs over k in a fixed order in fp32 (deterministic, no atomics).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "sonicmoe.h"
+
+namespace sonicmoe {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kVec = 8;         // bf16 per 16-byte vector
+constexpr int kMaxTopK = 32;    // one lane holds each (t, k)'s index and score
+constexpr int kLoadBatch = 8;   // rows loaded before accumulating (registers: 8 x 16 bytes)
+
+__device__ __forceinline__ void accumulate(float (&acc)[kVec], uint4 raw, float s) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVec / 2; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] = fmaf(s, f.x, acc[2 * i]);
+    acc[2 * i + 1] = fmaf(s, f.y, acc[2 * i + 1]);
+  }
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
+               const int32_t* __restrict__ rev_idx, uint4* __restrict__ out, int64_t num_tokens,
+               int top_k, int64_t vecs_per_row, int64_t num_rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (t >= num_tokens) return;
+
+  // Lane k holds (row, score) of pair (t, k); the others are broadcast by shuffles.
+  int32_t my_row = 0;
+  float my_score = 0.f;
+  if (lane < top_k) {
+    my_row = rev_idx[t * top_k + lane];
+    my_score = scores[t * top_k + lane];
+    if (my_row < 0 || my_row >= num_rows) {
+      printf("sonicmoe combine: rev_idx[%lld, %d] = %d is outside [0, %lld)\n",
+             static_cast<long long>(t), lane, my_row, static_cast<long long>(num_rows));
+      __trap();
+    }
+  }
+
+  for (int64_t v = lane; v - lane < vecs_per_row; v += 32) {
+    float acc[kVec] = {};
+    for (int k0 = 0; k0 < top_k; k0 += kLoadBatch) {
+      uint4 raw[kLoadBatch];
+      float s[kLoadBatch];
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const int k = k0 + j;
+        const int32_t row = __shfl_sync(0xffffffff, my_row, k < top_k ? k : 0);
+        s[j] = __shfl_sync(0xffffffff, my_score, k < top_k ? k : 0);
+        raw[j] = (k < top_k && v < vecs_per_row) ? __ldg(&y[int64_t(row) * vecs_per_row + v])
+                                                 : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        if (k0 + j < top_k) accumulate(acc, raw[j], s[j]);
+      }
+    }
+    if (v < vecs_per_row) {
+      uint4 packed;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+      out[t * vecs_per_row + v] = packed;
+    }
+  }
+}
+
+std::string value_rule(const char* name, int64_t value, const char* rule) {
+  return std::string("combine: ") + name + " = " + std::to_string(value) + " breaks the rule: " +
+         rule;
+}
+
+}  // namespace
+
+std::string check_combine(const CombineParams& p) {
+  if (p.num_tokens < 0 || p.num_tokens > INT_MAX * int64_t(kWarpsPerBlock))
+    return value_rule("num_tokens", p.num_tokens, "must be in [0, 2^33)");
+  if (p.top_k < 1 || p.top_k > kMaxTopK)
+    return value_rule("top_k", p.top_k, "must be in [1, 32]");
+  if (p.d < kVec || p.d % kVec != 0)
+    return value_rule("d", p.d, "must be a positive multiple of 8 (16-byte vectors)");
+  if (p.num_rows < 0 || p.num_rows > INT32_MAX)
+    return value_rule("num_rows", p.num_rows, "must be in [0, 2^31 - 1] (int32 rev_idx)");
+  return {};
+}
+
+Status run_combine(const CombineParams& p) {
+  std::string problem = check_combine(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.num_tokens == 0) return Status::success();
+  if (p.y == nullptr || p.scores == nullptr || p.rev_idx == nullptr || p.out == nullptr)
+    return Status::error("combine: y, scores, rev_idx and out must be non-null");
+  if (reinterpret_cast<uintptr_t>(p.y) % 16 || reinterpret_cast<uintptr_t>(p.out) % 16)
+    return Status::error("combine: y and out must be 16-byte aligned");
+  const int64_t blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
+      static_cast<const uint4*>(p.y), p.scores, p.rev_idx, static_cast<uint4*>(p.out),
+      p.num_tokens, p.top_k, p.d / kVec, p.num_rows);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace sonicmoe
