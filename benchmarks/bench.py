@@ -137,6 +137,43 @@ def bench_combine(name, cfg):
             "torch_GBps": bytes_moved / ms["torch"] / 1e6, "sonicmoe_ms": ms["sonicmoe"]}
 
 
+def torch_grouped_mm_layer(x, router, w1, w2, top_k):
+    """The torchtitan-style baseline of shared/anchors: argsort gather, torch._grouped_mm up and
+    down, silu * mul, index_add combine."""
+    T, d = x.shape
+    E, _, n = w2.shape
+    scores, experts = torch.nn.functional.linear(x, router).float().topk(top_k, dim=-1)
+    scores = scores.softmax(-1)
+    flat = experts.reshape(-1)
+    order = flat.argsort(stable=True)
+    offs = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32)).cumsum(0, dtype=torch.int32)
+    tokens = order // top_k
+    h = torch._grouped_mm(x[tokens], w1.transpose(1, 2), offs=offs)
+    a = torch.nn.functional.silu(h[:, :n]) * h[:, n:]
+    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
+    y = y * scores.reshape(-1)[order, None].to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, tokens, y)
+
+
+def bench_moe_forward(name, cfg, anchor_rows):
+    T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
+    x = torch.randn(T, d, device="cuda").bfloat16()
+    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16()
+    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16()
+    flops = 6.0 * T * K * d * n
+    with torch.no_grad():
+        ms = time_interleaved({"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
+                               "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)},
+                              rounds=5, iters=10)
+    upstream = next((r.get("fwd_tflops") for r in anchor_rows
+                     if r["config"] == name and r["impl"] == "sonicmoe-upstream"), None)
+    return {"config": name, "sonicmoe_fwd_tflops": flops / ms["sonicmoe"] / 1e9,
+            "torch_grouped_mm_fwd_tflops": flops / ms["torch_grouped_mm"] / 1e9,
+            "upstream_fwd_tflops_anchor": upstream}
+
+
 def plot(rows, path):
     import matplotlib
 
@@ -188,6 +225,19 @@ def main():
             print(f"{r['config']:<18}{r['T']:>7}{r['K']:>4}{r['d']:>6}{r['sonicmoe_ms']:>8.3f}"
                   f"{r['sonicmoe_GBps']:>8.0f}{frac:>9.2f}{r['torch_GBps']:>12.0f}{r['rel_err']:>9.1e}")
         print(f"(combine: bytes = T*K*d*2 read + T*d*2 written + indices; copy ceiling {ceiling} GB/s)\n")
+    if "moe_forward" in ops:
+        fwd_rows = []
+        for name in names:
+            fwd_rows.append(bench_moe_forward(name, configs[name], anchors["rows"]))
+            torch.cuda.empty_cache()
+        (out / "moe_forward.json").write_text(json.dumps({"rows": fwd_rows}, indent=1))
+        print(f"{'config':<18}{'ours fwd':>10}{'torch gmm':>11}{'ratio':>7}{'upstream*':>11}")
+        for r in fwd_rows:
+            up = r["upstream_fwd_tflops_anchor"]
+            print(f"{r['config']:<18}{r['sonicmoe_fwd_tflops']:>10.1f}{r['torch_grouped_mm_fwd_tflops']:>11.1f}"
+                  f"{r['sonicmoe_fwd_tflops'] / r['torch_grouped_mm_fwd_tflops']:>7.3f}"
+                  f"{(f'{up:.1f}' if up else '-'):>11}")
+        print("(forward TFLOP/s = 6*T*K*d*n / time, no_grad; *upstream SonicMoE from shared/anchors)\n")
     if "grouped_gemm" not in ops:
         return
     rows = []

@@ -1,19 +1,25 @@
 """SonicMoE: fast, memory-lean Mixture-of-Experts training kernels for Hopper GPUs.
 
 Landed so far: the varlen-M grouped GEMM (K2), the combine kernel (K3), the pure-PyTorch
-reference MoE and the routing metadata helpers. The fused layer (sonicmoe.moe / MoE) follows in later releases.
+reference MoE, the routing metadata helpers, and sonicmoe.moe / moe_routed / MoE on top of
+them (interim up-projection and backward: see sonicmoe.functional).
 """
 
 from . import reference
 from ._ops import GEMM_TILE_CONFIGS, combine, extension_available, grouped_gemm
+from .functional import moe, moe_routed
+from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
 
 __all__ = [
     "GEMM_TILE_CONFIGS",
+    "MoE",
     "RoutingMetadata",
     "combine",
     "extension_available",
     "grouped_gemm",
+    "moe",
+    "moe_routed",
     "reference",
     "routing_metadata",
 ]

@@ -12,6 +12,8 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from .routing import scores_from_logits
+
 __all__ = ["ROUTING_MODES", "route", "moe_routed", "moe"]
 
 ROUTING_MODES = ("topk_softmax", "softmax_topk", "softmax_topk_norm")
@@ -75,15 +77,7 @@ def route(
     _check_same_dtype("router_weight", router_weight, x)
     top_k = _check_top_k(top_k, router_weight.shape[0])
 
-    logits = x @ router_weight.T
-    if routing == "topk_softmax":
-        top_logits, experts = logits.topk(top_k, dim=-1)
-        scores = top_logits.softmax(dim=-1)
-    else:
-        scores, experts = logits.softmax(dim=-1).topk(top_k, dim=-1)
-        if routing == "softmax_topk_norm":
-            scores = scores / scores.sum(dim=-1, keepdim=True)
-    return scores, experts
+    return scores_from_logits(x @ router_weight.T, top_k, routing)
 
 
 def moe_routed(

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["RoutingMetadata", "routing_metadata"]
+__all__ = ["RoutingMetadata", "routing_metadata", "scores_from_logits"]
 
 
 class RoutingMetadata(NamedTuple):
@@ -61,3 +61,22 @@ def routing_metadata(experts: torch.Tensor, num_experts: int) -> RoutingMetadata
     rev_idx.scatter_(0, order, torch.arange(T * K, dtype=torch.int32, device=device))
 
     return RoutingMetadata(expert_offsets, gather_idx, rev_idx.view(T, K))
+
+
+def scores_from_logits(
+    logits: torch.Tensor, top_k: int, routing: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-K token choice from router logits (T, E), in the dtype of the logits.
+
+    "topk_softmax": softmax over the K largest logits (Mixtral); "softmax_topk": softmax over
+    all E, keep the K largest, no renormalisation (OLMoE); "softmax_topk_norm": the same,
+    renormalised over the K (Qwen3). Returns scores (T, K) and experts (T, K) int64, ordered
+    by decreasing score. Callers validate routing and top_k.
+    """
+    if routing == "topk_softmax":
+        top_logits, experts = logits.topk(top_k, dim=-1)
+        return top_logits.softmax(dim=-1), experts
+    scores, experts = logits.softmax(dim=-1).topk(top_k, dim=-1)
+    if routing == "softmax_topk_norm":
+        scores = scores / scores.sum(dim=-1, keepdim=True)
+    return scores, experts

@@ -1,0 +1,129 @@
+"""sonicmoe.moe / sonicmoe.moe_routed: the MoE layer as functions, with autograd.
+
+Forward on a Hopper GPU (bf16): routing metadata on the device, up-projection and
+down-projection through the grouped GEMM (K2), SwiGLU, combine (K3). No host sync, so the
+forward can be captured in a CUDA graph.
+
+Interim, until the fused-forward and backward issues land (README, Status):
+- the up-projection reads a gathered copy of x (x.index_select); K1 will gather inside the
+  GEMM's A load and apply SwiGLU in its epilogue, so neither that copy nor a separate
+  activation pass will exist;
+- backward recomputes the layer through sonicmoe.reference (plain PyTorch autograd in the
+  inputs' dtype): right, but neither fast nor lean. Forward saves x, the scores and the expert
+  ids (the weights are the caller's), not H; the memory-lean backward replaces this.
+
+CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import reference
+from ._ops import combine, extension_available, grouped_gemm
+from .routing import routing_metadata, scores_from_logits
+
+__all__ = ["moe", "moe_routed"]
+
+
+def _shape(t):
+    return tuple(t.shape)
+
+
+def _validate_experts_args(x, w1, w2, scores, experts):
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
+    T, d = x.shape
+    if w2.dim() != 3 or w2.shape[1] != d:
+        raise ValueError(f"w2: expected shape (E, d, n) with d = {d}, got {_shape(w2)}")
+    E, _, n = w2.shape
+    if _shape(w1) != (E, 2 * n, d):
+        raise ValueError(f"w1: expected shape (E, 2n, d) = {(E, 2 * n, d)}, got {_shape(w1)}")
+    if scores.dim() != 2 or scores.shape[0] != T:
+        raise ValueError(f"scores: expected shape (T, K) with T = {T}, got {_shape(scores)}")
+    if _shape(experts) != _shape(scores):
+        raise ValueError(f"experts: expected shape (T, K) = {_shape(scores)}, got {_shape(experts)}")
+    if experts.is_floating_point() or experts.dtype == torch.bool:
+        raise ValueError(f"experts: expected an integer dtype, got {experts.dtype}")
+    devices = {t.device for t in (x, w1, w2, scores, experts)}
+    if len(devices) != 1:
+        raise ValueError(f"x, w1, w2, scores, experts: expected one device, got {sorted(map(str, devices))}")
+
+
+def _kernel_path(x, w1, w2) -> bool:
+    """True for the CUDA kernels, False for the CPU reference; raises where neither applies."""
+    if x.device.type == "cpu":
+        return False
+    if x.device.type != "cuda":
+        raise ValueError(f"x.device = {x.device} breaks the rule: must be cuda or cpu")
+    if not extension_available():
+        raise RuntimeError("sonicmoe._C is not built; build it with `python setup.py build_ext --inplace`")
+    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"{name}.dtype = {t.dtype} breaks the rule: must be torch.bfloat16 "
+                             "on CUDA (the kernels are bf16; CPU tensors run the reference)")
+    d, n = x.shape[1], w2.shape[2]
+    for name, v in (("d", d), ("n", n)):
+        if v % 8:
+            raise ValueError(f"{name} = {v} breaks the rule: must be a multiple of 8 (16-byte rows)")
+    return True
+
+
+class _MoEExperts(torch.autograd.Function):
+    """Expert MLPs and combine for given routing; see the module docstring for the interim parts."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, scores, experts):
+        n = w2.shape[2]
+        meta = routing_metadata(experts, w2.shape[0])
+        x_sorted = x.index_select(0, meta.gather_idx)  # interim: K1 gathers inside the GEMM
+        h = grouped_gemm(x_sorted, w1, meta.expert_offsets)
+        gate, up = h.float().split(n, dim=1)
+        a = (F.silu(gate) * up).to(torch.bfloat16)  # interim: K1 applies SwiGLU in its epilogue
+        y = grouped_gemm(a, w2, meta.expert_offsets)
+        ctx.save_for_backward(x, w1, w2, scores, experts)
+        return combine(y, scores, meta.rev_idx)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w1, w2, scores, experts = ctx.saved_tensors
+        inputs = (x, w1, w2, scores)
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad)]
+            out = reference.moe_routed(*leaves, experts)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad_out.to(out.dtype)) if wanted else [])
+        result = [next(grads).to(t.dtype) if need else None
+                  for t, need in zip(inputs, ctx.needs_input_grad)]
+        return (*result, None)
+
+
+def moe_routed(x, w1, w2, scores, experts):
+    """Expert MLPs (SwiGLU) for any router's decisions; gradients flow into scores.
+
+    x: (T, d); w1: (E, 2n, d), rows [0, n) gate and [n, 2n) up; w2: (E, d, n);
+    scores: (T, K) (fp32 recommended; the kernels combine in fp32); experts: (T, K) integer
+    ids in [0, E) (not range-checked on the device: that would sync). Returns (T, d).
+    """
+    _validate_experts_args(x, w1, w2, scores, experts)
+    if not _kernel_path(x, w1, w2):
+        return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
+    return _MoEExperts.apply(x, w1, w2, scores.float(), experts)
+
+
+def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax"):
+    """Full MoE layer: router, top-K routing, expert MLPs, combine.
+
+    x: (..., d); router_weight: (E, d) (logits = x @ router_weight.T, then softmax and top-K in
+    fp32); routing: "topk_softmax", "softmax_topk" or "softmax_topk_norm". Returns x's shape.
+    """
+    reference._check_routing(routing)
+    d = x.shape[-1]
+    if router_weight.dim() != 2 or router_weight.shape[1] != d:
+        raise ValueError(f"router_weight: expected shape (E, d) with d = {d}, got {_shape(router_weight)}")
+    top_k = reference._check_top_k(top_k, router_weight.shape[0])
+    x2 = x.reshape(-1, d)
+    logits = F.linear(x2, router_weight).float()
+    scores, experts = scores_from_logits(logits, top_k, routing)
+    return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)

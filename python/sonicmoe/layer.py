@@ -1,0 +1,48 @@
+"""sonicmoe.MoE: an nn.Module holding the router and the experts in the public layout."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import reference
+from .functional import moe
+
+__all__ = ["MoE"]
+
+
+class MoE(nn.Module):
+    """Mixture-of-Experts block with SwiGLU experts (DESIGN §2).
+
+    Parameters, in the Hugging Face / torchtitan layout so weights drop in:
+    router_weight (E, d); w1 (E, 2n, d), rows [0, n) gate and [n, 2n) up; w2 (E, d, n).
+    """
+
+    def __init__(self, hidden_size, intermediate_size, num_experts, top_k,
+                 routing="topk_softmax", device=None, dtype=None):
+        super().__init__()
+        reference._check_routing(routing)
+        self.top_k = reference._check_top_k(top_k, num_experts)
+        self.routing = routing
+        factory = {"device": device, "dtype": dtype}
+        d, n, E = hidden_size, intermediate_size, num_experts
+        self.router_weight = nn.Parameter(torch.empty(E, d, **factory))
+        self.w1 = nn.Parameter(torch.empty(E, 2 * n, d, **factory))
+        self.w2 = nn.Parameter(torch.empty(E, d, n, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) per projection.
+        for weight, fan_in in ((self.router_weight, self.w1.shape[2]), (self.w1, self.w1.shape[2]),
+                               (self.w2, self.w2.shape[2])):
+            bound = 1.0 / math.sqrt(fan_in)
+            nn.init.uniform_(weight, -bound, bound)
+
+    def forward(self, x):
+        return moe(x, self.router_weight, self.w1, self.w2, self.top_k, routing=self.routing)
+
+    def extra_repr(self):
+        E, d, n = self.w2.shape
+        return f"hidden_size={d}, intermediate_size={n}, num_experts={E}, top_k={self.top_k}, routing={self.routing!r}"

@@ -1,0 +1,191 @@
+"""sonicmoe.moe / moe_routed / MoE against sonicmoe.reference in fp32.
+
+Routing decisions are taken once and shared (DESIGN §7: near-ties flip under bf16), so the
+comparison is of the expert math and the combine, forward and backward."""
+
+import zlib
+
+import pytest
+import torch
+
+import sonicmoe
+from conftest import requires_hopper
+from sonicmoe import reference
+
+ANCHORS = {  # (d, n, E, K) of shared/anchors, run at reduced T
+    "paper-7b-n256": (1536, 256, 128, 8),
+    "paper-7b-n1024": (1536, 1024, 32, 2),
+    "paper-30b-n512": (4096, 512, 128, 8),
+    "paper-120b-n1024": (4096, 1024, 128, 8),
+    "olmoe-1b-7b": (2048, 1024, 64, 8),
+    "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "qwen3-235b-a22b": (4096, 1536, 128, 8),
+    "deepseek-v3": (7168, 2048, 256, 8),
+}
+
+
+def generator(device, *key):
+    return torch.Generator(device=device).manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def make_layer(T, d, n, E, device, gen, dtype=torch.bfloat16):
+    x = torch.randn(T, d, generator=gen, device=device).to(dtype)
+    router = (torch.randn(E, d, generator=gen, device=device) * d**-0.5).to(dtype)
+    w1 = (torch.randn(E, 2 * n, d, generator=gen, device=device) * d**-0.5).to(dtype)
+    w2 = (torch.randn(E, d, n, generator=gen, device=device) * n**-0.5).to(dtype)
+    return x, router, w1, w2
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def fp32_reference_forward(x, w1, w2, scores, experts):
+    """Per-expert fp32 reference that upcasts one expert at a time (anchor-size weights)."""
+    T, d = x.shape
+    n = w2.shape[2]
+    out = torch.zeros(T, d, device=x.device, dtype=torch.float32)
+    for e in torch.unique(experts).tolist():
+        t_idx, k_idx = (experts == e).nonzero(as_tuple=True)
+        h = x[t_idx].float() @ w1[e].float().t()
+        a = torch.nn.functional.silu(h[:, :n]) * h[:, n:]
+        out.index_add_(0, t_idx, scores[t_idx, k_idx, None].float() * (a @ w2[e].float().t()))
+    return out
+
+
+# ------------------------------------------------------------------ CPU: API and validation
+
+def test_cpu_tensors_run_the_reference():
+    x, router, w1, w2 = make_layer(9, 32, 16, 4, "cpu", generator("cpu", "ref"), torch.float64)
+    out = sonicmoe.moe(x, router, w1, w2, 2, routing="softmax_topk_norm")
+    torch.testing.assert_close(out, reference.moe(x, router, w1, w2, 2, routing="softmax_topk_norm"))
+
+
+def test_module_layout_and_shapes():
+    layer = sonicmoe.MoE(64, 32, 8, 2, routing="softmax_topk", dtype=torch.float64)
+    assert dict((k, tuple(v.shape)) for k, v in layer.state_dict().items()) == {
+        "router_weight": (8, 64), "w1": (8, 64, 64), "w2": (8, 64, 32)}
+    x = torch.randn(3, 5, 64, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    out.square().sum().backward()
+    assert out.shape == x.shape and x.grad.shape == x.shape
+    assert all(p.grad is not None for p in layer.parameters())
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 2, routing="bogus"), ValueError, "routing: expected one of"),
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 2, routing="token_rounding"), NotImplementedError,
+     "token_rounding"),
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 0), ValueError, "top_k: expected 1 <= top_k <= E = 4"),
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r[:, :8], w1, w2, 2), ValueError, "router_weight: expected shape"),
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1[:, :6], w2, 2), ValueError, r"w1: expected shape \(E, 2n, d\)"),
+    (lambda x, r, w1, w2: sonicmoe.moe_routed(x, w1, w2, torch.ones(3, 2), torch.zeros(9, 2, dtype=torch.long)),
+     ValueError, r"scores: expected shape \(T, K\) with T = 9"),
+    (lambda x, r, w1, w2: sonicmoe.moe_routed(x, w1, w2, torch.ones(9, 2), torch.zeros(9, 2)),
+     ValueError, "experts: expected an integer dtype"),
+])
+def test_validation_errors(call, exc, match):
+    x, router, w1, w2 = make_layer(9, 32, 16, 4, "cpu", generator("cpu", "val"), torch.float32)
+    with pytest.raises(exc, match=match):
+        call(x, router, w1, w2)
+
+
+# ------------------------------------------------------------------ GPU
+
+def check_routed(T, d, n, E, K, key, experts=None, grads=True):
+    gen = generator("cuda", *key)
+    x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    logits = (x.float() @ router.float().t())
+    scores, chosen = sonicmoe.routing.scores_from_logits(logits, K, "softmax_topk_norm")
+    experts = chosen if experts is None else experts
+    leaves = [t.clone().requires_grad_(grads) for t in (x, w1, w2, scores)]
+    torch.full((T * d,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
+    out = sonicmoe.moe_routed(*leaves, experts)
+    ref_leaves = [t.detach().double().requires_grad_(grads) for t in (x, w1, w2, scores)]
+    ref = reference.moe_routed(*ref_leaves, experts)
+    assert out.shape == (T, d) and torch.isfinite(out).all()
+    if T:
+        assert rel(out, ref) <= 1e-2
+    if grads and T:
+        g = torch.randn(T, d, device="cuda", generator=gen)
+        out.backward(g.to(out.dtype))
+        ref.backward(g.double())
+        for name, mine, theirs in zip(("x", "w1", "w2", "scores"), leaves, ref_leaves):
+            assert torch.isfinite(mine.grad).all(), name
+            assert rel(mine.grad, theirs.grad) <= 1e-2, f"grad {name}: {rel(mine.grad, theirs.grad):.3e}"
+
+
+@requires_hopper
+@pytest.mark.parametrize("T", [0, 1, 7, 1000])
+@pytest.mark.parametrize("E,K", [(1, 1), (8, 2), (128, 8), (256, 16)])
+def test_moe_routed_forward_backward(T, E, K):
+    check_routed(T, 256, 128, E, K, ("routed", T, E, K))
+
+
+@requires_hopper
+def test_skewed_routing_hot_expert_and_empty_ones():
+    T, E, K = 600, 16, 2
+    experts = torch.zeros(T, K, dtype=torch.long, device="cuda")
+    experts[:, 1] = 1 + (torch.arange(T, device="cuda") % 3)  # experts 4..15 get nothing
+    check_routed(T, 128, 64, E, K, ("skewed",), experts=experts)
+
+
+@requires_hopper
+@pytest.mark.parametrize("name", list(ANCHORS))
+def test_anchor_configs_forward_at_reduced_T(name):
+    d, n, E, K = ANCHORS[name]
+    gen = generator("cuda", "anchor", name)
+    x, router, w1, w2 = make_layer(256, d, n, E, "cuda", gen)
+    scores, experts = sonicmoe.routing.scores_from_logits(x.float() @ router.float().t(), K, "topk_softmax")
+    out = sonicmoe.moe_routed(x, w1, w2, scores, experts)
+    assert rel(out, fp32_reference_forward(x, w1, w2, scores, experts)) <= 1e-2
+
+
+@requires_hopper
+@pytest.mark.parametrize("routing", reference.ROUTING_MODES)
+def test_moe_every_routing_mode(routing):
+    gen = generator("cuda", "moe", routing)
+    x, router, w1, w2 = make_layer(512, 256, 128, 32, "cuda", gen)
+    x = x.view(4, 128, 256)
+    out = sonicmoe.moe(x, router, w1, w2, 4, routing=routing)
+    # Same routing decisions as the layer (fp32 softmax/top-K of the bf16 logits).
+    logits = torch.nn.functional.linear(x.view(-1, 256), router).float()
+    scores, experts = sonicmoe.routing.scores_from_logits(logits, 4, routing)
+    ref = fp32_reference_forward(x.view(-1, 256), w1, w2, scores, experts)
+    assert out.shape == x.shape and rel(out.view(-1, 256), ref) <= 1e-2
+
+
+@requires_hopper
+def test_router_weight_receives_gradient():
+    gen = generator("cuda", "router-grad")
+    x, router, w1, w2 = make_layer(300, 128, 64, 8, "cuda", gen)
+    router.requires_grad_(True)
+    out = sonicmoe.moe(x, router, w1, w2, 2)
+    g = torch.randn(out.shape, device="cuda", generator=gen)
+    out.backward(g.to(out.dtype))
+    # Reference in float64 with the layer's routing decisions (topk_softmax over its experts).
+    experts = torch.nn.functional.linear(x, router.detach()).float().topk(2, dim=-1).indices
+    ref_router = router.detach().double().requires_grad_(True)
+    logits = x.double() @ ref_router.t()
+    scores = logits.gather(1, experts).softmax(-1)
+    ref = reference.moe_routed(x.double(), w1.double(), w2.double(), scores, experts)
+    ref.backward(g.double())
+    assert rel(router.grad, ref_router.grad) <= 2e-2
+
+
+@requires_hopper
+def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph():
+    gen = generator("cuda", "graph")
+    x, router, w1, w2 = make_layer(1024, 256, 128, 16, "cuda", gen)
+    with torch.no_grad():
+        out = sonicmoe.moe(x, router, w1, w2, 2)
+        assert out.grad_fn is None
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = sonicmoe.moe(x, router, w1, w2, 2)
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen).bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = sonicmoe.moe(x, router, w1, w2, 2)
+    assert torch.equal(captured, expected)  # deterministic kernels, same routing
