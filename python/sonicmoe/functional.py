@@ -31,22 +31,8 @@ def _shape(t):
     return tuple(t.shape)
 
 
-def _validate_experts_args(x, w1, w2, scores, experts):
-    if x.dim() != 2:
-        raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
-    T, d = x.shape
-    if w2.dim() != 3 or w2.shape[1] != d:
-        raise ValueError(f"w2: expected shape (E, d, n) with d = {d}, got {_shape(w2)}")
-    E, _, n = w2.shape
-    if _shape(w1) != (E, 2 * n, d):
-        raise ValueError(f"w1: expected shape (E, 2n, d) = {(E, 2 * n, d)}, got {_shape(w1)}")
-    if scores.dim() != 2 or scores.shape[0] != T:
-        raise ValueError(f"scores: expected shape (T, K) with T = {T}, got {_shape(scores)}")
-    if _shape(experts) != _shape(scores):
-        raise ValueError(f"experts: expected shape (T, K) = {_shape(scores)}, got {_shape(experts)}")
-    if experts.is_floating_point() or experts.dtype == torch.bool:
-        raise ValueError(f"experts: expected an integer dtype, got {experts.dtype}")
-    devices = {t.device for t in (x, w1, w2, scores, experts)}
+def _check_one_device(*tensors):
+    devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"x, w1, w2, scores, experts: expected one device, got {sorted(map(str, devices))}")
 
@@ -106,7 +92,8 @@ def moe_routed(x, w1, w2, scores, experts):
     scores: (T, K) (fp32 recommended; the kernels combine in fp32); experts: (T, K) integer
     ids in [0, E) (not range-checked on the device: that would sync). Returns (T, d).
     """
-    _validate_experts_args(x, w1, w2, scores, experts)
+    reference.check_routed_args(x, w1, w2, scores, experts)
+    _check_one_device(x, w1, w2, scores, experts)
     if not _kernel_path(x, w1, w2):
         return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
     return _MoEExperts.apply(x, w1, w2, scores.float(), experts)

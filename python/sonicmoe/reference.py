@@ -80,6 +80,26 @@ def route(
     return scores_from_logits(x @ router_weight.T, top_k, routing)
 
 
+def check_routed_args(x, w1, w2, scores, experts) -> None:
+    """Shape and dtype-kind rules of moe_routed, shared with sonicmoe.moe_routed (no data read)."""
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
+    T, d = x.shape
+    if w2.dim() != 3 or w2.shape[1] != d:
+        raise ValueError(f"w2: expected shape (E, d, n) with d = {d}, got {_shape(w2)}")
+    E, _, n = w2.shape
+    if _shape(w1) != (E, 2 * n, d):
+        raise ValueError(f"w1: expected shape (E, 2n, d) = {(E, 2 * n, d)}, got {_shape(w1)}")
+    if scores.dim() != 2 or scores.shape[0] != T:
+        raise ValueError(f"scores: expected shape (T, K) with T = {T}, got {_shape(scores)}")
+    if not scores.is_floating_point():
+        raise ValueError(f"scores: expected a floating-point dtype, got {scores.dtype}")
+    if _shape(experts) != _shape(scores):
+        raise ValueError(f"experts: expected shape (T, K) = {_shape(scores)}, got {_shape(experts)}")
+    if experts.is_floating_point() or experts.is_complex() or experts.dtype == torch.bool:
+        raise ValueError(f"experts: expected an integer dtype, got {experts.dtype}")
+
+
 def moe_routed(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -100,25 +120,12 @@ def moe_routed(
         (T, d): out[t] = sum_k scores[t, k] * w2[e] @ (silu(h_gate) * h_up),
         h = w1[e] @ x[t], e = experts[t, k].
     """
-    if x.dim() != 2:
-        raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
+    check_routed_args(x, w1, w2, scores, experts)
     T, d = x.shape
-    if w2.dim() != 3 or w2.shape[1] != d:
-        raise ValueError(f"w2: expected shape (E, d, n) with d = {d}, got {_shape(w2)}")
     E, _, n = w2.shape
-    if _shape(w1) != (E, 2 * n, d):
-        raise ValueError(f"w1: expected shape (E, 2n, d) = {(E, 2 * n, d)}, got {_shape(w1)}")
+    K = scores.shape[1]
     _check_same_dtype("w1", w1, x)
     _check_same_dtype("w2", w2, x)
-    if scores.dim() != 2 or scores.shape[0] != T:
-        raise ValueError(f"scores: expected shape (T, K) with T = {T}, got {_shape(scores)}")
-    if not scores.is_floating_point():
-        raise ValueError(f"scores: expected a floating-point dtype, got {scores.dtype}")
-    K = scores.shape[1]
-    if _shape(experts) != (T, K):
-        raise ValueError(f"experts: expected shape (T, K) = {(T, K)}, got {_shape(experts)}")
-    if experts.is_floating_point() or experts.is_complex() or experts.dtype == torch.bool:
-        raise ValueError(f"experts: expected an integer dtype, got {experts.dtype}")
     if experts.numel() > 0:
         lo, hi = (int(v) for v in torch.aminmax(experts))
         if lo < 0 or hi >= E:
