@@ -49,6 +49,10 @@ def _kernel_path(x, w1, w2) -> bool:
         if t.dtype != torch.bfloat16:
             raise ValueError(f"{name}.dtype = {t.dtype} breaks the rule: must be torch.bfloat16 "
                              "on CUDA (the kernels are bf16; CPU tensors run the reference)")
+    for name, t in (("w1", w1), ("w2", w2)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}.stride() = {t.stride()} breaks the rule: must be contiguous "
+                             "(the layout of DESIGN §2); call .contiguous() once, not per step")
     d, n = x.shape[1], w2.shape[2]
     for name, v in (("d", d), ("n", n)):
         if v % 8:
