@@ -103,17 +103,26 @@ def moe_routed(x, w1, w2, scores, experts):
     return _MoEExperts.apply(x, w1, w2, scores.float(), experts)
 
 
-def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax"):
-    """Full MoE layer: router, top-K routing, expert MLPs, combine.
+def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, rule="nearest"):
+    """Full MoE layer: router, routing, expert MLPs, combine.
 
     x: (..., d); router_weight: (E, d) (logits = x @ router_weight.T, then softmax and top-K in
-    fp32); routing: "topk_softmax", "softmax_topk" or "softmax_topk_norm". Returns x's shape.
+    fp32); routing: "topk_softmax", "softmax_topk", "softmax_topk_norm" or "token_rounding"
+    (tile-aware rounding of each expert's token count to a multiple of `tile`, by `rule`
+    "nearest", "up" or "down"; DESIGN §6). Returns x's shape.
     """
-    reference._check_routing(routing)
+    reference._check_routing(routing, dense_ok=True)
     d = x.shape[-1]
     if router_weight.dim() != 2 or router_weight.shape[1] != d:
         raise ValueError(f"router_weight: expected shape (E, d) with d = {d}, got {_shape(router_weight)}")
     top_k = reference._check_top_k(top_k, router_weight.shape[0])
+    if routing == "token_rounding":
+        if x.device.type != "cpu":
+            raise NotImplementedError(
+                "routing='token_rounding' runs on the reference path only for now (CPU tensors, "
+                "or sonicmoe.reference.moe); the kernels take (T, K) routing until the "
+                "token-rounding issue lands its variable-K metadata")
+        return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
     x2 = x.reshape(-1, d)
     logits = F.linear(x2, router_weight).float()
     scores, experts = scores_from_logits(logits, top_k, routing)

@@ -18,14 +18,20 @@ class MoE(nn.Module):
 
     Parameters, in the Hugging Face / torchtitan layout so weights drop in:
     router_weight (E, d); w1 (E, 2n, d), rows [0, n) gate and [n, 2n) up; w2 (E, d, n).
+
+    routing="token_rounding" is training-time routing (options tile, rule); in eval mode the
+    layer routes by plain top-K of the softmax probabilities ("softmax_topk"), the scores
+    token rounding keeps.
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k,
-                 routing="topk_softmax", device=None, dtype=None):
+                 routing="topk_softmax", tile=128, rule="nearest", device=None, dtype=None):
         super().__init__()
-        reference._check_routing(routing)
+        reference._check_routing(routing, dense_ok=True)
         self.top_k = reference._check_top_k(top_k, num_experts)
         self.routing = routing
+        self.tile = tile
+        self.rule = rule
         factory = {"device": device, "dtype": dtype}
         d, n, E = hidden_size, intermediate_size, num_experts
         self.router_weight = nn.Parameter(torch.empty(E, d, **factory))
@@ -41,7 +47,11 @@ class MoE(nn.Module):
             nn.init.uniform_(weight, -bound, bound)
 
     def forward(self, x):
-        return moe(x, self.router_weight, self.w1, self.w2, self.top_k, routing=self.routing)
+        routing = self.routing
+        if routing == "token_rounding" and not self.training:
+            routing = "softmax_topk"
+        return moe(x, self.router_weight, self.w1, self.w2, self.top_k, routing=routing,
+                   tile=self.tile, rule=self.rule)
 
     def extra_repr(self):
         E, d, n = self.w2.shape

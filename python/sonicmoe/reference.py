@@ -12,25 +12,35 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from .routing import scores_from_logits
+from .routing import scores_from_logits, token_rounding
 
-__all__ = ["ROUTING_MODES", "route", "moe_routed", "moe"]
+__all__ = [
+    "ROUTING_MODES",
+    "route",
+    "route_token_rounding",
+    "moe_routed",
+    "moe_dense_routed",
+    "moe",
+]
 
 ROUTING_MODES = ("topk_softmax", "softmax_topk", "softmax_topk_norm")
+# Token rounding gives each token a variable number of experts: dense (T, E) routing.
+DENSE_ROUTING_MODES = ("token_rounding",)
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _check_routing(routing: str) -> None:
-    if routing == "token_rounding":
-        raise NotImplementedError(
-            "routing='token_rounding' is not implemented yet "
-            "(tile-aware token rounding, DESIGN §6)"
+def _check_routing(routing: str, dense_ok: bool = False) -> None:
+    if routing in DENSE_ROUTING_MODES and not dense_ok:
+        raise ValueError(
+            f"routing={routing!r} gives each token a variable number of experts, so it has no "
+            "(T, K) form: use route_token_rounding(), which returns dense (T, E) scores"
         )
-    if routing not in ROUTING_MODES:
-        raise ValueError(f"routing: expected one of {ROUTING_MODES}, got {routing!r}")
+    allowed = ROUTING_MODES + (DENSE_ROUTING_MODES if dense_ok else ())
+    if routing not in allowed:
+        raise ValueError(f"routing: expected one of {allowed}, got {routing!r}")
 
 
 def _check_top_k(top_k: int, num_experts: int) -> int:
@@ -80,8 +90,8 @@ def route(
     return scores_from_logits(x @ router_weight.T, top_k, routing)
 
 
-def check_routed_args(x, w1, w2, scores, experts) -> None:
-    """Shape and dtype-kind rules of moe_routed, shared with sonicmoe.moe_routed (no data read)."""
+def _check_expert_weights(x, w1, w2) -> tuple[int, int, int, int]:
+    """x (T, d), w1 (E, 2n, d), w2 (E, d, n); returns (T, d, E, n)."""
     if x.dim() != 2:
         raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
     T, d = x.shape
@@ -90,6 +100,12 @@ def check_routed_args(x, w1, w2, scores, experts) -> None:
     E, _, n = w2.shape
     if _shape(w1) != (E, 2 * n, d):
         raise ValueError(f"w1: expected shape (E, 2n, d) = {(E, 2 * n, d)}, got {_shape(w1)}")
+    return T, d, E, n
+
+
+def check_routed_args(x, w1, w2, scores, experts) -> None:
+    """Shape and dtype-kind rules of moe_routed, shared with sonicmoe.moe_routed (no data read)."""
+    T, d, E, n = _check_expert_weights(x, w1, w2)
     if scores.dim() != 2 or scores.shape[0] != T:
         raise ValueError(f"scores: expected shape (T, K) with T = {T}, got {_shape(scores)}")
     if not scores.is_floating_point():
@@ -154,6 +170,55 @@ def moe_routed(
     return torch.einsum("tk,tkd->td", scores.to(y.dtype), y)
 
 
+def route_token_rounding(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    top_k: int,
+    tile: int = 128,
+    rule: str = "nearest",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-rounding routing (DESIGN §6): dense scores (T, E) and assignment mask (T, E).
+
+    See sonicmoe.routing.token_rounding for the rule; logits = x @ router_weight.T.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor (T, d), got shape {_shape(x)}")
+    if router_weight.dim() != 2 or router_weight.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"router_weight: expected shape (E, d) with d = {x.shape[1]}, got {_shape(router_weight)}"
+        )
+    _check_same_dtype("router_weight", router_weight, x)
+    top_k = _check_top_k(top_k, router_weight.shape[0])
+    return token_rounding(x @ router_weight.T, top_k, tile, rule)
+
+
+def moe_dense_routed(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    scores: torch.Tensor,
+    assigned: torch.Tensor,
+) -> torch.Tensor:
+    """Expert MLPs for dense routing: out[t] = sum over e with assigned[t, e] of
+    scores[t, e] * w2[e] @ (silu(h_gate) * h_up), h = w1[e] @ x[t]. scores, assigned: (T, E)."""
+    T, d, E, n = _check_expert_weights(x, w1, w2)
+    for name, t in (("scores", scores), ("assigned", assigned)):
+        if _shape(t) != (T, E):
+            raise ValueError(f"{name}: expected shape (T, E) = {(T, E)}, got {_shape(t)}")
+    if assigned.dtype != torch.bool:
+        raise ValueError(f"assigned: expected dtype torch.bool, got {assigned.dtype}")
+
+    # Every expert runs (zero rows included) so w1 and w2 always get a gradient tensor.
+    parts, rows = [], []
+    for e in range(E):
+        tokens = assigned[:, e].nonzero().squeeze(1)
+        h = x[tokens] @ w1[e].T
+        a = F.silu(h[:, :n]) * h[:, n:]
+        parts.append(scores[tokens, e].to(x.dtype).unsqueeze(1) * (a @ w2[e].T))
+        rows.append(tokens)
+    return x.new_zeros(T, d).index_add(0, torch.cat(rows), torch.cat(parts))
+
+
 def moe(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -161,9 +226,15 @@ def moe(
     w2: torch.Tensor,
     top_k: int,
     routing: str = "topk_softmax",
+    *,
+    tile: int = 128,
+    rule: str = "nearest",
 ) -> torch.Tensor:
-    """Full MoE layer: route, then moe_routed. x is (..., d); the output has x's shape."""
-    _check_routing(routing)
+    """Full MoE layer: route, then the expert MLPs. x is (..., d); the output has x's shape.
+
+    tile and rule apply to routing="token_rounding" only.
+    """
+    _check_routing(routing, dense_ok=True)
     if x.dim() < 1:
         raise ValueError(f"x: expected shape (..., d), got shape {_shape(x)}")
     d = x.shape[-1]
@@ -176,5 +247,8 @@ def moe(
         raise ValueError(f"w2: expected shape (E, d, n) with (E, d) = {(E, d)}, got {_shape(w2)}")
 
     x2 = x.reshape(-1, d)
+    if routing == "token_rounding":
+        scores, assigned = route_token_rounding(x2, router_weight, top_k, tile, rule)
+        return moe_dense_routed(x2, w1, w2, scores, assigned).reshape(x.shape)
     scores, experts = route(x2, router_weight, top_k, routing)
     return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)

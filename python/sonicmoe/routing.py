@@ -11,7 +11,13 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["RoutingMetadata", "routing_metadata", "scores_from_logits"]
+__all__ = [
+    "RoutingMetadata",
+    "TOKEN_ROUNDING_RULES",
+    "routing_metadata",
+    "scores_from_logits",
+    "token_rounding",
+]
 
 
 class RoutingMetadata(NamedTuple):
@@ -80,3 +86,55 @@ def scores_from_logits(
     if routing == "softmax_topk_norm":
         scores = scores / scores.sum(dim=-1, keepdim=True)
     return scores, experts
+
+
+TOKEN_ROUNDING_RULES = ("nearest", "up", "down")
+
+
+def token_rounding(
+    logits: torch.Tensor, top_k: int, tile: int = 128, rule: str = "nearest"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tile-aware token rounding (DESIGN §6) from router logits (T, E), with no host sync.
+
+    Start from top-K token choice; per expert round its token count f_e to a multiple of
+    `tile`: "nearest" (ties round up), "up" or "down", capped at T. Rounding up adds the
+    expert's best-scoring tokens that did not choose it; rounding down drops its
+    lowest-scoring chosen tokens; a chosen token always outranks an added one, so each
+    expert deviates from top-K by fewer than `tile` tokens.
+
+    Scores are softmax probabilities over all E (an added token carries its probability), in
+    the dtype of the logits; gradients flow through them. Returns scores (T, E), zero where
+    not assigned, and the assignment mask (T, E) bool. A token may end with more or fewer
+    than K experts (or none). Ties are broken by token index, so the result is deterministic.
+    """
+    if rule not in TOKEN_ROUNDING_RULES:
+        raise ValueError(f"rule: expected one of {TOKEN_ROUNDING_RULES}, got {rule!r}")
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+        raise ValueError(f"tile: expected a positive int, got {tile!r}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits: expected a 2-D tensor (T, E), got shape {tuple(logits.shape)}")
+    T, E = logits.shape
+    if not 1 <= top_k <= E:
+        raise ValueError(f"top_k: expected 1 <= top_k <= E = {E}, got {top_k}")
+
+    probs = logits.softmax(dim=-1)
+    chosen = torch.zeros(T, E, dtype=torch.bool, device=logits.device)
+    chosen.scatter_(1, logits.topk(top_k, dim=-1).indices, True)
+    counts = chosen.sum(dim=0)
+    if rule == "nearest":
+        target = (counts + tile // 2) // tile * tile
+    elif rule == "up":
+        target = (counts + tile - 1) // tile * tile
+    else:
+        target = counts // tile * tile
+    target = target.clamp(max=T)
+
+    # Rank every token per expert: chosen before not chosen, each by probability (descending).
+    # Two stable sorts instead of one combined key, which would lose the small probabilities.
+    by_prob = probs.detach().argsort(dim=0, descending=True, stable=True)
+    not_chosen = (~chosen.gather(0, by_prob)).to(torch.int8)
+    order = by_prob.gather(0, not_chosen.argsort(dim=0, stable=True))
+    rank = torch.empty_like(order)
+    rank.scatter_(0, order, torch.arange(T, device=logits.device).unsqueeze(1).expand(T, E))
+    assigned = rank < target.unsqueeze(0)
+    return probs * assigned, assigned

@@ -74,8 +74,8 @@ def test_module_layout_and_shapes():
 
 @pytest.mark.parametrize("call,exc,match", [
     (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 2, routing="bogus"), ValueError, "routing: expected one of"),
-    (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 2, routing="token_rounding"), NotImplementedError,
-     "token_rounding"),
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 2, routing="token_rounding", tile=0), ValueError,
+     "tile: expected a positive int, got 0"),
     (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 0), ValueError, "top_k: expected 1 <= top_k <= E = 4"),
     (lambda x, r, w1, w2: sonicmoe.moe(x, r[:, :8], w1, w2, 2), ValueError, "router_weight: expected shape"),
     (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1[:, :6], w2, 2), ValueError, r"w1: expected shape \(E, 2n, d\)"),

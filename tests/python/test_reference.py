@@ -313,9 +313,9 @@ F32 = torch.float32
 ERRORS = {
     "route-token-rounding": (
         lambda: reference.route(V["x"], V["rw"], 2, "token_rounding"),
-        NotImplementedError,
-        r"routing='token_rounding' is not implemented yet "
-        r"\(tile-aware token rounding, DESIGN §6\)",
+        ValueError,
+        r"routing='token_rounding' gives each token a variable number of experts, so it has no "
+        r"\(T, K\) form: use route_token_rounding\(\)",
     ),
     "route-bad-mode": (
         lambda: reference.route(V["x"], V["rw"], 2, "topk"),
@@ -418,10 +418,10 @@ ERRORS = {
         ValueError,
         r"experts: expected ids in \[0, E\) = \[0, 4\), got values in \[-1, 2\]",
     ),
-    "moe-token-rounding": (
-        lambda: reference.moe(V["x"], V["rw"], V["w1"], V["w2"], 2, "token_rounding"),
-        NotImplementedError,
-        r"routing='token_rounding' is not implemented yet",
+    "moe-token-rounding-rule": (
+        lambda: reference.moe(V["x"], V["rw"], V["w1"], V["w2"], 2, "token_rounding", rule="even"),
+        ValueError,
+        r"rule: expected one of \('nearest', 'up', 'down'\), got 'even'",
     ),
     "moe-bad-mode": (
         lambda: reference.moe(V["x"], V["rw"], V["w1"], V["w2"], 2, "softmax"),

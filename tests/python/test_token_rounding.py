@@ -1,0 +1,121 @@
+"""Token rounding (DESIGN §6): the routing invariants, on the CPU and, when present, CUDA."""
+
+import zlib
+
+import pytest
+import torch
+
+import sonicmoe
+from sonicmoe import reference
+from sonicmoe.routing import token_rounding
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]
+
+
+def make_logits(T, E, device, key, skew=0.0):
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+    logits = torch.randn(T, E, generator=gen, dtype=torch.float64)
+    # skew > 0 piles tokens onto the low-numbered experts and starves the others.
+    logits += skew * torch.linspace(1.0, -1.0, E, dtype=torch.float64)
+    return logits.to(device)
+
+
+def check_invariants(logits, top_k, tile, rule):
+    T, E = logits.shape
+    scores, assigned = token_rounding(logits, top_k, tile, rule)
+    probs = logits.softmax(-1)
+    chosen = torch.zeros_like(assigned).scatter_(1, logits.topk(top_k, -1).indices, True)
+    f = chosen.sum(0).cpu()
+    count = assigned.sum(0).cpu()
+
+    assert scores.shape == assigned.shape == (T, E) and assigned.dtype == torch.bool
+    torch.testing.assert_close(scores, probs * assigned)  # added tokens carry their probability
+    assert (((count % tile) == 0) | (count == T)).all(), "count not a multiple of the tile"
+    assert ((count - f).abs() < tile).all(), "an expert deviates from top-K by a tile or more"
+    if rule == "up":
+        assert (count >= f).all()
+    if rule == "down":
+        assert (count <= f).all()
+    if rule == "nearest":
+        assert (((count - f).abs() <= tile // 2) | (count == T)).all()
+
+    for e in range(E):
+        kept, dropped = assigned[:, e] & chosen[:, e], ~assigned[:, e] & chosen[:, e]
+        added, left = assigned[:, e] & ~chosen[:, e], ~assigned[:, e] & ~chosen[:, e]
+        if added.any():  # every top-K choice outranks every added token
+            assert not dropped.any()
+        p = probs[:, e]
+        if kept.any() and dropped.any():
+            assert p[kept].min() >= p[dropped].max()
+        if added.any() and left.any():
+            assert p[added].min() >= p[left].max()
+    return scores, assigned
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rule", ["nearest", "up", "down"])
+@pytest.mark.parametrize("T,E,K,tile,skew", [
+    (1000, 16, 2, 32, 0.0), (1000, 16, 2, 32, 4.0), (4096, 64, 8, 128, 0.0),
+    (300, 8, 1, 128, 0.0), (50, 4, 2, 128, 0.0), (2000, 256, 8, 16, 6.0), (0, 8, 2, 128, 0.0),
+])
+def test_invariants(device, rule, T, E, K, tile, skew):
+    check_invariants(make_logits(T, E, device, (T, E, K, skew)), K, tile, rule)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_for_a_fixed_input(device):
+    logits = make_logits(3000, 32, device, "det").float()
+    first = token_rounding(logits, 4, 64)
+    for _ in range(3):
+        again = token_rounding(logits, 4, 64)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+def test_tiles_already_full_change_nothing():
+    # Every expert receives exactly 2 tiles of tokens under top-1: rounding is the identity.
+    T, E, tile = 512, 2, 128
+    logits = torch.zeros(T, E, dtype=torch.float64)
+    logits[: T // 2, 0] = 5.0
+    logits[T // 2:, 1] = 5.0
+    _, assigned = token_rounding(logits, 1, tile)
+    chosen = torch.zeros_like(assigned).scatter_(1, logits.topk(1, -1).indices, True)
+    assert torch.equal(assigned, chosen)
+
+
+def test_gradients_flow_through_the_scores_to_the_router():
+    gen = torch.Generator().manual_seed(5)
+    T, d, n, E, K = 24, 8, 4, 4, 2
+    x = torch.randn(T, d, generator=gen, dtype=torch.float64)
+    w1 = torch.randn(E, 2 * n, d, generator=gen, dtype=torch.float64) * d**-0.5
+    w2 = torch.randn(E, d, n, generator=gen, dtype=torch.float64) * n**-0.5
+    router = torch.randn(E, d, generator=gen, dtype=torch.float64).requires_grad_(True)
+    torch.autograd.gradcheck(
+        lambda r: reference.moe(x, r, w1, w2, K, "token_rounding", tile=4), (router,))
+
+
+def test_layer_rounds_in_training_and_uses_top_k_in_eval():
+    layer = sonicmoe.MoE(32, 16, 8, 2, routing="token_rounding", tile=16, dtype=torch.float64)
+    x = torch.randn(100, 32, dtype=torch.float64)
+    train_out = layer(x)
+    expected = reference.moe(x, layer.router_weight, layer.w1, layer.w2, 2, "token_rounding", tile=16)
+    torch.testing.assert_close(train_out, expected)
+    layer.eval()
+    torch.testing.assert_close(
+        layer(x), reference.moe(x, layer.router_weight, layer.w1, layer.w2, 2, "softmax_topk"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_capture_proves_no_host_sync():
+    logits = make_logits(2048, 64, "cuda", "graph").float()
+    token_rounding(logits, 8, 128)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scores, assigned = token_rounding(logits, 8, 128)
+    logits.copy_(make_logits(2048, 64, "cuda", "graph-2").float())
+    graph.replay()
+    expected = token_rounding(logits, 8, 128)
+    assert torch.equal(scores, expected[0]) and torch.equal(assigned, expected[1])
