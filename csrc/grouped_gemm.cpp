@@ -20,27 +20,7 @@ std::string value_rule(const char* name, int64_t value, const char* rule) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-}  // namespace
-
-std::string check_grouped_gemm(const GroupedGemmParams& p) {
-  if (p.num_experts < 1) return value_rule("num_experts", p.num_experts, "must be >= 1");
-  if (p.m_total < 0 || p.m_total > INT32_MAX)
-    return value_rule("m_total", p.m_total, "must be in [0, 2^31 - 1]");
-  // TMA moves whole 16-byte rows: 8 bf16 elements.
-  if (p.k < 8 || p.k % 8 != 0 || p.k > INT32_MAX)
-    return value_rule("k", p.k, "must be a positive multiple of 8 (16-byte rows for TMA)");
-  if (p.n_out < 8 || p.n_out % 8 != 0 || p.n_out > INT32_MAX)
-    return value_rule("n_out", p.n_out, "must be a positive multiple of 8 (16-byte rows for TMA)");
-  if (p.sm_count < 1) return value_rule("sm_count", p.sm_count, "must be >= 1");
-  const int config = static_cast<int>(p.config);
-  if (config < 0 || config >= kNumGemmTileConfigs)
-    return value_rule("config", config, "must name a GemmTileConfig");
-  return {};
-}
-
-namespace {
-
-// Pointer rules, checked at launch (the shape rules above need no data).
+// Pointer rules, checked at launch (the shape rules of check_grouped_gemm need no data).
 std::string check_grouped_gemm_pointers(const GroupedGemmParams& p) {
   if (p.a == nullptr || p.b == nullptr || p.out == nullptr || p.expert_offsets == nullptr ||
       p.workspace == nullptr)
@@ -49,10 +29,6 @@ std::string check_grouped_gemm_pointers(const GroupedGemmParams& p) {
     return "grouped_gemm: a, b and out must be 16-byte aligned (TMA)";
   return {};
 }
-
-}  // namespace
-
-namespace {
 
 template <GemmTileConfig... Configs>
 size_t max_cutlass_workspace(GemmTileConfigList<Configs...>, int num_experts, int sm_count) {
@@ -70,6 +46,22 @@ Status dispatch(GemmTileConfigList<Configs...>, GemmTileConfig config, const Gro
 }
 
 }  // namespace
+
+std::string check_grouped_gemm(const GroupedGemmParams& p) {
+  if (p.num_experts < 1) return value_rule("num_experts", p.num_experts, "must be >= 1");
+  if (p.m_total < 0 || p.m_total > INT32_MAX)
+    return value_rule("m_total", p.m_total, "must be in [0, 2^31 - 1]");
+  // TMA moves whole 16-byte rows: 8 bf16 elements.
+  if (p.k < 8 || p.k % 8 != 0 || p.k > INT32_MAX)
+    return value_rule("k", p.k, "must be a positive multiple of 8 (16-byte rows for TMA)");
+  if (p.n_out < 8 || p.n_out % 8 != 0 || p.n_out > INT32_MAX)
+    return value_rule("n_out", p.n_out, "must be a positive multiple of 8 (16-byte rows for TMA)");
+  if (p.sm_count < 1) return value_rule("sm_count", p.sm_count, "must be >= 1");
+  const int config = static_cast<int>(p.config);
+  if (config < 0 || config >= kNumGemmTileConfigs)
+    return value_rule("config", config, "must name a GemmTileConfig");
+  return {};
+}
 
 size_t grouped_gemm_workspace_size(int num_experts, int sm_count) {
   const size_t cutlass_bytes = max_cutlass_workspace(AllGemmTileConfigs{}, num_experts, sm_count);

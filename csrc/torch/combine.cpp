@@ -38,7 +38,6 @@ void check_combine_args(const at::Tensor& y, const at::Tensor& scores, const at:
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
-
 }  // namespace
 
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx) {

@@ -13,6 +13,17 @@ namespace {
 
 constexpr const char* kOp = "grouped_gemm";
 
+GroupedGemmParams grouped_gemm_shape(const at::Tensor& a, const at::Tensor& b,
+                                     int64_t tile_config) {
+  GroupedGemmParams p;
+  p.m_total = a.size(0);
+  p.k = a.size(1);
+  p.n_out = b.size(1);
+  p.num_experts = static_cast<int>(b.size(0));
+  p.config = static_cast<GemmTileConfig>(tile_config);
+  return p;
+}
+
 // Everything that can be checked without a GPU, in the order a user would fix it.
 void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
                              const at::Tensor& expert_offsets, int64_t tile_config) {
@@ -40,17 +51,11 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
             "must be 0 (auto) or a GemmTileConfig in [1, " +
                 std::to_string(kNumGemmTileConfigs - 1) + "]");
 
-  GroupedGemmParams shape;
-  shape.m_total = a.size(0);
-  shape.k = a.size(1);
-  shape.n_out = b.size(1);
-  shape.num_experts = static_cast<int>(num_experts);
-  shape.sm_count = 1;
-  shape.config = static_cast<GemmTileConfig>(tile_config);
+  GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config);
+  shape.sm_count = 1;  // the device is not known yet; checked for real at launch
   const std::string problem = check_grouped_gemm(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
-
 
 struct DeviceInfo {
   int major = 0, minor = 0, sm_count = 0;
@@ -80,17 +85,12 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
                   std::to_string(info.major) + std::to_string(info.minor) +
                   "; this build has Hopper (sm_90a) kernels only");
 
-  GroupedGemmParams p;
+  GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config);
   p.a = a.data_ptr();
   p.b = b.data_ptr();
   p.out = out.data_ptr();
   p.expert_offsets = expert_offsets.data_ptr<int32_t>();
-  p.m_total = a.size(0);
-  p.k = a.size(1);
-  p.n_out = b.size(1);
-  p.num_experts = static_cast<int>(b.size(0));
   p.sm_count = info.sm_count;
-  p.config = static_cast<GemmTileConfig>(tile_config);
   p.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   p.workspace_bytes = grouped_gemm_workspace_size(p.num_experts, p.sm_count);
   at::Tensor workspace =

@@ -105,7 +105,7 @@ def _check_expert_weights(x, w1, w2) -> tuple[int, int, int, int]:
 
 def check_routed_args(x, w1, w2, scores, experts) -> None:
     """Shape and dtype-kind rules of moe_routed, shared with sonicmoe.moe_routed (no data read)."""
-    T, d, E, n = _check_expert_weights(x, w1, w2)
+    T = _check_expert_weights(x, w1, w2)[0]
     if scores.dim() != 2 or scores.shape[0] != T:
         raise ValueError(f"scores: expected shape (T, K) with T = {T}, got {_shape(scores)}")
     if not scores.is_floating_point():
