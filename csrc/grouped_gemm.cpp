@@ -60,11 +60,15 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
   const int config = static_cast<int>(p.config);
   if (config < 0 || config >= kNumGemmTileConfigs)
     return value_rule("config", config, "must name a GemmTileConfig");
+  const int64_t n_blocks = (p.n_out + 127) / 128;
+  if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
+    return value_rule("m_total", p.m_total,
+                      "(m_total / 64 + num_experts) * ceil(n_out / 128) tiles must fit in int32");
   return {};
 }
 
 size_t grouped_gemm_workspace_size(int num_experts, int sm_count) {
-  const size_t cutlass_bytes = max_cutlass_workspace(AllGemmTileConfigs{}, num_experts, sm_count);
+  const size_t cutlass_bytes = max_cutlass_workspace(PtrArrayGemmTileConfigs{}, num_experts, sm_count);
   return grouped_gemm_workspace_layout(num_experts, cutlass_bytes).total;
 }
 
@@ -83,7 +87,8 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   GemmTileConfig config = params.config;
   if (config == GemmTileConfig::kAuto)
     config = choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
-  return dispatch(AllGemmTileConfigs{}, config, params);
+  if (config == GemmTileConfig::kVarlenPingpong128x128x64) return sm90::run_varlen_grouped_gemm(params);
+  return dispatch(PtrArrayGemmTileConfigs{}, config, params);
 }
 
 }  // namespace sonicmoe

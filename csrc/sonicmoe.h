@@ -30,8 +30,11 @@ enum class GemmTileConfig : int {
   kCooperative256x128x64 = 4,
   kPingpong128x128x128 = 5,
   kPingpong128x128x64C1x1 = 6,
+  // Our own varlen kernel (csrc/sm90/varlen_gemm_kernel_sm90.cuh): one TMA descriptor per
+  // tensor and a scheduler reading expert_offsets, instead of CUTLASS's ptr-array grouped GEMM.
+  kVarlenPingpong128x128x64 = 7,
 };
-constexpr int kNumGemmTileConfigs = 7;  // including kAuto
+constexpr int kNumGemmTileConfigs = 8;  // including kAuto
 
 // Varlen-M grouped GEMM (K2 of DESIGN §4):
 //   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
@@ -69,6 +72,34 @@ GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_
 // read on the device. Invalid offsets (not starting at 0, decreasing, not ending at m_total)
 // stop the kernel with a device-side trap rather than reading out of bounds.
 Status run_grouped_gemm(const GroupedGemmParams& params);
+
+// Up-projection with SwiGLU (K1 of DESIGN §4), for rows r of the sorted layout in expert e:
+//   h[r, :] = w1[e] @ x[gather_idx[r], :]            (2n: gate then up, fp32 accumulate)
+//   a[r, :] = silu(h[r, :n]) * h[r, n:]              (computed from the fp32 h)
+// x rows are gathered inside the GEMM's A load (no gathered copy of x), and w1 is read in its
+// public (E, 2n, d) layout. All tensors row-major, contiguous, bf16.
+struct UpProjParams {
+  const void* x = nullptr;                  // (num_tokens, d)
+  const void* w1 = nullptr;                 // (num_experts, 2n, d)
+  const int32_t* expert_offsets = nullptr;  // (num_experts + 1), device
+  const int32_t* gather_idx = nullptr;      // (m_total), sorted row -> token, device
+  void* h = nullptr;                        // (m_total, 2n), or nullptr to not keep H
+  void* a = nullptr;                        // (m_total, n)
+  int64_t num_tokens = 0;
+  int64_t m_total = 0;
+  int64_t d = 0;
+  int64_t n = 0;
+  int num_experts = 0;
+  int sm_count = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// Shape rules of the up-projection (no pointers); "" when supported.
+std::string check_up_proj(const UpProjParams& params);
+
+// Enqueues the up-projection on params.stream. Invalid expert_offsets or a gather_idx entry
+// outside [0, num_tokens) stop the kernel with a device-side trap.
+Status run_up_proj(const UpProjParams& params);
 
 // Combine (K3 of DESIGN §4): out[t, :] = sum_k scores[t, k] * y[rev_idx[t, k], :].
 // Deterministic (a fixed summation order, no atomics), fp32 accumulation, bf16 out.

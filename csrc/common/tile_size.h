@@ -3,6 +3,8 @@
 // turns them into CuTe shapes.
 #pragma once
 
+#include <cstdint>
+
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -27,6 +29,7 @@ constexpr GemmTileShape gemm_tile_shape(GemmTileConfig config) {
     case GemmTileConfig::kPingpong128x128x128: return {128, 128, 128, 2, 1, true};
     // No cluster: no multicast, no cluster-wide barriers; each CTA loads its own B tile.
     case GemmTileConfig::kPingpong128x128x64C1x1: return {128, 128, 64, 1, 1, true};
+    case GemmTileConfig::kVarlenPingpong128x128x64: return {128, 128, 64, 1, 1, true};
     case GemmTileConfig::kAuto: break;
   }
   return {0, 0, 0, 0, 0, false};
@@ -41,18 +44,27 @@ constexpr const char* gemm_tile_config_name(GemmTileConfig config) {
     case GemmTileConfig::kCooperative256x128x64: return "cooperative_256x128x64_c2x1";
     case GemmTileConfig::kPingpong128x128x128: return "pingpong_128x128x128_c2x1";
     case GemmTileConfig::kPingpong128x128x64C1x1: return "pingpong_128x128x64_c1x1";
+    case GemmTileConfig::kVarlenPingpong128x128x64: return "varlen_pingpong_128x128x64";
   }
   return "unknown";
 }
 
-// Every concrete configuration, for code that must visit them all (dispatch, workspace size).
+// The configurations built on CUTLASS's ptr-array grouped GEMM, for code that must visit them
+// all (dispatch, workspace size). kVarlenPingpong128x128x64 is dispatched on its own.
 template <GemmTileConfig... Configs>
 struct GemmTileConfigList {};
-using AllGemmTileConfigs =
+using PtrArrayGemmTileConfigs =
     GemmTileConfigList<GemmTileConfig::kPingpong128x128x64, GemmTileConfig::kPingpong64x128x128,
                        GemmTileConfig::kCooperative128x256x64,
                        GemmTileConfig::kCooperative256x128x64,
                        GemmTileConfig::kPingpong128x128x128,
                        GemmTileConfig::kPingpong128x128x64C1x1>;
+
+// Upper bound of the tile count of a varlen-M grouped GEMM with m_total rows over num_experts
+// experts, whatever the routing: each expert wastes at most one partial m block. Sizes the
+// persistent grid on the host and bounds the scheduler's int32 tile numbers.
+constexpr int64_t varlen_max_tiles(int64_t m_total, int num_experts, int tile_m, int64_t n_blocks) {
+  return ((m_total + tile_m - 1) / tile_m + num_experts) * n_blocks;
+}
 
 }  // namespace sonicmoe

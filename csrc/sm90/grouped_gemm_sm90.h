@@ -16,4 +16,10 @@ size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count);
 template <GemmTileConfig Config>
 Status run_grouped_gemm(const GroupedGemmParams& params);
 
+// K2 on our varlen kernel (GemmTileConfig::kVarlenPingpong128x128x64); needs no workspace.
+Status run_varlen_grouped_gemm(const GroupedGemmParams& params);
+
+// K1 (run_up_proj of sonicmoe.h) once the host rules have passed.
+Status run_up_proj(const UpProjParams& params);
+
 }  // namespace sonicmoe::sm90

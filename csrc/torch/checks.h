@@ -6,7 +6,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -74,6 +76,19 @@ inline void check_same_cuda_device(
               t->device().str(), "must be the device of " + first_name + " (" +
                                      first.device().str() + ")");
   }
+}
+
+// The SM count of t's device, after checking it is a Hopper GPU (the only kernels built).
+inline int hopper_sm_count(const char* op, const at::Tensor& t) {
+  const int device = t.get_device();
+  int major = 0, minor = 0, sm_count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  TORCH_CHECK(major == 9 && minor == 0, std::string(op) + ": device " + t.device().str() + " is sm_" +
+                                            std::to_string(major) + std::to_string(minor) +
+                                            "; this build has Hopper (sm_90a) kernels only");
+  return sm_count;
 }
 
 }  // namespace sonicmoe::torch_ops

@@ -57,18 +57,6 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
-struct DeviceInfo {
-  int major = 0, minor = 0, sm_count = 0;
-};
-
-DeviceInfo device_info(int device) {
-  DeviceInfo info;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
-  return info;
-}
-
 }  // namespace
 
 at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
@@ -79,18 +67,12 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   if (a.size(0) == 0) return out;
 
-  const DeviceInfo info = device_info(a.get_device());
-  TORCH_CHECK(info.major == 9 && info.minor == 0,
-              std::string(kOp) + ": device " + a.device().str() + " is sm_" +
-                  std::to_string(info.major) + std::to_string(info.minor) +
-                  "; this build has Hopper (sm_90a) kernels only");
-
   GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config);
   p.a = a.data_ptr();
   p.b = b.data_ptr();
   p.out = out.data_ptr();
   p.expert_offsets = expert_offsets.data_ptr<int32_t>();
-  p.sm_count = info.sm_count;
+  p.sm_count = hopper_sm_count(kOp, a);
   p.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   p.workspace_bytes = grouped_gemm_workspace_size(p.num_experts, p.sm_count);
   at::Tensor workspace =

@@ -3,6 +3,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
+
 namespace sonicmoe::torch_ops {
 
 // grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0) -> Tensor
@@ -11,6 +13,15 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
 // CPU tensors: the same argument checks, then an error (the kernels are CUDA-only).
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& expert_offsets, int64_t tile_config);
+
+// up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True)
+//   -> (Tensor h, Tensor a)
+std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,
+                                                const at::Tensor& expert_offsets,
+                                                const at::Tensor& gather_idx, bool keep_h);
+std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Tensor& w1,
+                                               const at::Tensor& expert_offsets,
+                                               const at::Tensor& gather_idx, bool keep_h);
 
 // combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);

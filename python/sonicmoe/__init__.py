@@ -1,12 +1,13 @@
 """SonicMoE: fast, memory-lean Mixture-of-Experts training kernels for Hopper GPUs.
 
-Landed so far: the varlen-M grouped GEMM (K2), the combine kernel (K3), the pure-PyTorch
-reference MoE, the routing metadata helpers, and sonicmoe.moe / moe_routed / MoE on top of
-them (interim up-projection and backward: see sonicmoe.functional).
+Landed so far: the fused up-projection (K1: gather + grouped GEMM + SwiGLU), the varlen-M
+grouped GEMM (K2), the combine kernel (K3), the pure-PyTorch reference MoE, the routing
+metadata helpers, and sonicmoe.moe / moe_routed / MoE on top of them (interim backward: see
+sonicmoe.functional).
 """
 
 from . import reference
-from ._ops import GEMM_TILE_CONFIGS, combine, extension_available, grouped_gemm
+from ._ops import GEMM_TILE_CONFIGS, combine, extension_available, grouped_gemm, up_proj
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -22,5 +23,6 @@ __all__ = [
     "moe_routed",
     "reference",
     "routing_metadata",
+    "up_proj",
 ]
 __version__ = "0.1.0"

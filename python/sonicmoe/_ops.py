@@ -21,6 +21,7 @@ GEMM_TILE_CONFIGS = {
     "cooperative_256x128x64_c2x1": 4,
     "pingpong_128x128x128_c2x1": 5,
     "pingpong_128x128x64_c1x1": 6,
+    "varlen_pingpong_128x128x64": 7,
 }
 
 
@@ -52,6 +53,25 @@ def grouped_gemm(
     return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config])
 
 
+def up_proj(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    gather_idx: torch.Tensor,
+    keep_h: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K1: up-projection with SwiGLU, the x rows gathered inside the GEMM.
+
+    For sorted row r of expert e: h[r] = w1[e] @ x[gather_idx[r]] (2n: gate, up) and
+    a[r] = silu(h[r, :n]) * h[r, n:] from the fp32 accumulators. x: (T, d) bf16;
+    w1: (E, 2n, d) bf16 (public layout); expert_offsets: (E+1,) int32; gather_idx: (M,) int32,
+    both from routing_metadata. Returns (h (M, 2n), a (M, n)), bf16; h has 0 rows when
+    keep_h is False (inference: H is only kept for backward).
+    """
+    _require_extension()
+    return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h)
+
+
 def combine(y: torch.Tensor, scores: torch.Tensor, rev_idx: torch.Tensor) -> torch.Tensor:
     """K3: out[t] = sum_k scores[t, k] * y[rev_idx[t, k]], fp32 accumulation, deterministic.
 
@@ -69,6 +89,13 @@ if _C is not None:
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[2], lambda: "grouped_gemm: a.shape[1] != b.shape[2]")
         return a.new_empty((a.shape[0], b.shape[1]))
+
+    @torch.library.register_fake("sonicmoe::up_proj")
+    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True):
+        torch._check(x.dim() == 2 and w1.dim() == 3, lambda: "up_proj: x must be 2-D, w1 3-D")
+        torch._check(x.shape[1] == w1.shape[2], lambda: "up_proj: x.shape[1] != w1.shape[2]")
+        m, n = gather_idx.shape[0], w1.shape[1] // 2
+        return x.new_empty((m if keep_h else 0, 2 * n)), x.new_empty((m, n))
 
     @torch.library.register_fake("sonicmoe::combine")
     def _combine_fake(y, scores, rev_idx):

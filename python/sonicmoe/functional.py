@@ -1,16 +1,14 @@
 """sonicmoe.moe / sonicmoe.moe_routed: the MoE layer as functions, with autograd.
 
-Forward on a Hopper GPU (bf16): routing metadata on the device, up-projection and
-down-projection through the grouped GEMM (K2), SwiGLU, combine (K3). No host sync, so the
-forward can be captured in a CUDA graph.
+Forward on a Hopper GPU (bf16): routing metadata on the device, the up-projection with the
+x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No gathered copy
+of x and no separate activation pass exist, and nothing syncs with the host, so the forward
+can be captured in a CUDA graph. H (the pre-activation, T*K x 2n) is kept only when autograd
+will need it.
 
-Interim, until the fused-forward and backward issues land (README, Status):
-- the up-projection reads a gathered copy of x (x.index_select); K1 will gather inside the
-  GEMM's A load and apply SwiGLU in its epilogue, so neither that copy nor a separate
-  activation pass will exist;
-- backward recomputes the layer through sonicmoe.reference (plain PyTorch autograd in the
-  inputs' dtype): right, but neither fast nor lean. Forward saves x, the scores and the expert
-  ids (the weights are the caller's), not H; the memory-lean backward replaces this.
+Interim, until the backward issue lands (README, Status): backward recomputes the layer
+through sonicmoe.reference (plain PyTorch autograd in the inputs' dtype): right, but neither
+fast nor lean; it does not read H yet.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
 """
@@ -21,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
-from ._ops import combine, extension_available, grouped_gemm
+from ._ops import combine, extension_available, grouped_gemm, up_proj
 from .routing import routing_metadata, scores_from_logits
 
 __all__ = ["moe", "moe_routed"]
@@ -65,19 +63,17 @@ class _MoEExperts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, w2, scores, experts):
-        n = w2.shape[2]
         meta = routing_metadata(experts, w2.shape[0])
-        x_sorted = x.index_select(0, meta.gather_idx)  # interim: K1 gathers inside the GEMM
-        h = grouped_gemm(x_sorted, w1, meta.expert_offsets)
-        gate, up = h.float().split(n, dim=1)
-        a = (F.silu(gate) * up).to(torch.bfloat16)  # interim: K1 applies SwiGLU in its epilogue
+        keep_h = any(ctx.needs_input_grad)
+        h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h)
         y = grouped_gemm(a, w2, meta.expert_offsets)
-        ctx.save_for_backward(x, w1, w2, scores, experts)
+        # H is what the memory-lean backward will read; the interim backward recomputes instead.
+        ctx.save_for_backward(x, w1, w2, scores, experts, h)
         return combine(y, scores, meta.rev_idx)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, w1, w2, scores, experts = ctx.saved_tensors
+        x, w1, w2, scores, experts, _h = ctx.saved_tensors
         inputs = (x, w1, w2, scores)
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad)]

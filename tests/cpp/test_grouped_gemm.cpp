@@ -236,7 +236,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GemmTileConfig::kAuto, GemmTileConfig::kPingpong128x128x64,
                       GemmTileConfig::kPingpong64x128x128, GemmTileConfig::kCooperative128x256x64,
                       GemmTileConfig::kCooperative256x128x64, GemmTileConfig::kPingpong128x128x128,
-                      GemmTileConfig::kPingpong128x128x64C1x1),
+                      GemmTileConfig::kPingpong128x128x64C1x1,
+                      GemmTileConfig::kVarlenPingpong128x128x64),
     [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
       return std::string(sonicmoe::gemm_tile_config_name(info.param));
     });

@@ -28,3 +28,12 @@ requires_extension = pytest.mark.skipif(
     not sonicmoe.extension_available(),
     reason="sonicmoe._C is not built (python setup.py build_ext --inplace)",
 )
+
+
+@pytest.fixture
+def fp32_matmul_reference():
+    """fp32 references computed with true fp32 matmuls (no TF32 rounding)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old

@@ -1,0 +1,218 @@
+// Mainloop of the sm90 varlen-M grouped GEMMs: a producer that fills a ring of shared-memory
+// stages and a consumer warpgroup that runs WGMMA over them.
+//
+// B (the expert weights, (E, rows, k) bf16, k contiguous) always arrives by TMA from one 3-D
+// descriptor (k, rows, E), in boxes of 64 rows. Each box's row origin comes from the epilogue
+// policy, so the SwiGLU up-projection can put gate rows and the matching up rows of the public
+// concatenated w1 into one tile without a weight copy.
+// A (the activations) arrives either
+//  - by TMA from one 2-D descriptor over the sorted rows (K2: contiguous A). A tile starts at
+//    any row; rows past the expert's end are loaded but their results are never stored, and
+//    rows past m_total are zero-filled by TMA; or
+//  - by cp.async gather (K1: A row r is x[gather_idx[r]]), since Hopper's TMA cannot gather.
+//    All 128 producer threads copy 16-byte chunks into the same 128B-swizzled layout TMA
+//    writes; each thread's copies arrive on the stage's barrier when they land.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/bfloat16.h"
+
+namespace sonicmoe::sm90 {
+
+template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_>
+struct VarlenMainloop {
+  static constexpr int kTileM = kTileM_;
+  static constexpr int kTileN = kTileN_;
+  static constexpr int kTileK = kTileK_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kGatherA = kGatherA_;
+  static constexpr int kBoxRowsB = 64;  // rows of one B TMA box (one swizzle-aligned half tile)
+  static constexpr int kBoxesB = kTileN / kBoxRowsB;
+  static constexpr int kProducerThreads = 128;
+  static_assert(kTileK == 64, "one 128-byte swizzle row per tile row (bf16)");
+  static_assert(kTileN % kBoxRowsB == 0 && kTileM % 64 == 0, "tile sizes");
+
+  using Element = cutlass::bfloat16_t;
+  using SmemLayoutA = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kTileM>, cute::Int<kTileK>, cute::Int<kStages>>{}));
+  using SmemLayoutB = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kTileN>, cute::Int<kTileK>, cute::Int<kStages>>{}));
+  // One warpgroup computes a whole kTileM x kTileN tile (ping-pong: the other warpgroup holds
+  // the next tile), issuing kTileM / 64 WGMMAs per k step.
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
+  static_assert(kTileN == 128, "the MMA atom is 64x128");
+
+  static constexpr uint32_t kBytesA = kTileM * kTileK * sizeof(Element);
+  static constexpr uint32_t kBytesB = kTileN * kTileK * sizeof(Element);
+  // Full barrier arrivals per stage: the TMA issuer, plus one per gathering thread.
+  static constexpr uint32_t kFullArrivals = kGatherA ? 1 + kProducerThreads : 1;
+  static constexpr uint32_t kEmptyArrivals = 4;  // one per warp of the consuming warpgroup
+
+  // Stage buffers (whole multiples of 1024 bytes, so no padding) and, apart from them, the
+  // stage barriers: the kernel packs both with its epilogue buffers into 227 KB.
+  struct SharedStorage {
+    alignas(1024) Element a[cute::cosize_v<SmemLayoutA>];
+    alignas(1024) Element b[cute::cosize_v<SmemLayoutB>];
+  };
+  struct Barriers {
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+  };
+
+  struct Params {
+    CUtensorMap tma_a;  // (k, m_total) over the sorted rows; unused when gathering
+    CUtensorMap tma_b;  // (k, rows, E) over the weights
+    const Element* gather_src = nullptr;       // x, (num_tokens, k), when gathering
+    const int32_t* gather_idx = nullptr;       // sorted row -> token, when gathering
+    int gather_src_rows = 0;                   // num_tokens: gather_idx must stay below it
+    int k = 0;
+  };
+
+  static __device__ int k_tiles(const Params& p) { return (p.k + kTileK - 1) / kTileK; }
+
+  static __device__ void init_barriers(Barriers& s) {
+    for (int i = 0; i < kStages; ++i) {
+      cutlass::arch::ClusterTransactionBarrier::init(&s.full[i], kFullArrivals);
+      cutlass::arch::ClusterBarrier::init(&s.empty[i], kEmptyArrivals);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+
+  static __device__ void prefetch_descriptors(const Params& p) {
+    if constexpr (!kGatherA) cute::prefetch_tma_descriptor(&p.tma_a);
+    cute::prefetch_tma_descriptor(&p.tma_b);
+  }
+
+  // Producer side of one tile. `iteration` counts k steps over all tiles of this CTA (the
+  // ring position); `b_rows[i]` is the weight row where B box i of this tile starts.
+  // Called by all kProducerThreads threads (thread_idx in [0, 128)).
+  template <class Tile>
+  static __device__ void load(const Params& p, SharedStorage& s, Barriers& bar, const Tile& tile,
+                              const cute::array<int, kBoxesB>& b_rows, int& iteration, int thread_idx) {
+    using namespace cute;
+    constexpr uint64_t kCacheHint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+    const bool tma_issuer = thread_idx == 0;
+    if (!kGatherA && !tma_issuer) return;
+    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemLayoutA{});
+
+    // Gather: thread t copies 16-byte chunk (t % 8) of rows t / 8 + 16 j, j < 8. It keeps the
+    // token of each row (-1 past the tile's rows), not a pointer: half the registers, and the
+    // producer runs on few (kernel: setmaxnreg).
+    constexpr int kChunksPerRow = kTileK * sizeof(Element) / 16;
+    constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;
+    constexpr int kPasses = kTileM / kRowsPerPass;
+    int tokens[kGatherA ? kPasses : 1];
+    const int chunk = thread_idx % kChunksPerRow;
+    if constexpr (kGatherA) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kPasses; ++j) {
+        const int r = thread_idx / kChunksPerRow + j * kRowsPerPass;
+        tokens[j] = -1;
+        if (r < tile.rows) {
+          tokens[j] = __ldg(p.gather_idx + tile.row_start + r);
+          if (tokens[j] < 0 || tokens[j] >= p.gather_src_rows) __trap();  // no printf: see the kernel
+        }
+      }
+    }
+
+    const int num_k_tiles = k_tiles(p);
+    for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
+      const int stage = iteration % kStages;
+      const uint32_t phase = (iteration / kStages) & 1;
+      cutlass::arch::ClusterBarrier::wait(&bar.empty[stage], phase ^ 1);
+      const int k0 = kt * kTileK;
+      if (tma_issuer) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+            &bar.full[stage], kGatherA ? kBytesB : kBytesA + kBytesB);
+        if constexpr (!kGatherA) {
+          SM90_TMA_LOAD_2D::copy(&p.tma_a, &bar.full[stage], kCacheHint,
+                                 s.a + stage * kTileM * kTileK, k0, tile.row_start);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kBoxesB; ++i) {
+          SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint,
+                                 s.b + stage * kTileN * kTileK + i * kBoxRowsB * kTileK, k0,
+                                 b_rows[i], tile.expert);
+        }
+      }
+      if constexpr (kGatherA) {
+        const int col = k0 + chunk * 8;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kPasses; ++j) {
+          const int r = thread_idx / kChunksPerRow + j * kRowsPerPass;
+          const bool valid = tokens[j] >= 0 && col < p.k;
+          const Element* src = valid ? p.gather_src + int64_t(tokens[j]) * p.k + col : p.gather_src;
+          cp_async_16_zfill(&sA(r, chunk * 8, stage), src, valid);
+        }
+        cutlass::arch::cpasync_barrier_arrive_noinc(&bar.full[stage]);
+      }
+    }
+  }
+
+  // Waits for the producer's last copies (a thread must not exit with cp.async in flight).
+  static __device__ void load_tail() {
+    if constexpr (kGatherA) asm volatile("cp.async.wait_all;\n" ::: "memory");
+  }
+
+  // Consumer side of one tile: accum = A_tile @ B_tile^T over all k steps, releasing each
+  // stage once the WGMMAs reading it have completed. Called by one whole warpgroup.
+  template <class Accumulator>
+  static __device__ void mma(const Params& p, SharedStorage& s, Barriers& bar, Accumulator& accum,
+                             int& iteration,
+                             int thread_idx_in_warpgroup) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemLayoutB{});
+    TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx_in_warpgroup);
+    Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+    const bool releases = thread_idx_in_warpgroup % 32 == 0;
+
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    warpgroup_fence_operand(accum);
+    const int num_k_tiles = k_tiles(p);
+    int previous_stage = -1;
+    for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
+      const int stage = iteration % kStages;
+      cutlass::arch::ClusterBarrier::wait(&bar.full[stage], (iteration / kStages) & 1);
+      // cp.async wrote the A stage through the generic proxy; WGMMA reads it through the
+      // async proxy.
+      if constexpr (kGatherA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+        cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();  // the previous step's WGMMAs are done: its stage can be refilled
+      if (previous_stage >= 0 && releases) cutlass::arch::ClusterBarrier::arrive(&bar.empty[previous_stage]);
+      previous_stage = stage;
+    }
+    warpgroup_wait<0>();
+    if (releases) cutlass::arch::ClusterBarrier::arrive(&bar.empty[previous_stage]);
+    warpgroup_fence_operand(accum);
+  }
+
+ private:
+  static __device__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+    const uint32_t dst = cute::cast_smem_ptr_to_uint(smem_dst);
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+  }
+};
+
+}  // namespace sonicmoe::sm90

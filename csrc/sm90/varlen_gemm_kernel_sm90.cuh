@@ -1,0 +1,126 @@
+// The sm90 varlen-M grouped GEMM kernel: composition of the tile scheduler
+// (varlen_tile_scheduler.cuh), a mainloop (collective/varlen_mainloop_sm90.cuh) and an
+// epilogue (fusion/varlen_epilogue_sm90.cuh).
+//
+// 384 threads: warpgroup 0 produces (TMA, or cp.async gather plus TMA), warpgroups 1 and 2
+// consume in ping-pong: they take alternate tiles of the CTA's persistent sequence, so one
+// warpgroup's epilogue runs while the other's WGMMAs keep the tensor cores busy. Register
+// budgets are rebalanced with setmaxnreg (producer 40 / 72 when gathering, consumers 232 / 216).
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+
+#include "sm90/varlen_tile_scheduler.cuh"
+
+namespace sonicmoe::sm90 {
+
+template <class Mainloop_, class Epilogue_>
+struct VarlenGemmKernel {
+  using Mainloop = Mainloop_;
+  using Epilogue = Epilogue_;
+  static constexpr int kTileM = Mainloop::kTileM;
+  static constexpr int kTileN = Mainloop::kTileN;
+  static constexpr int kThreads = 384;
+  // The gathering producer holds row tokens and cp.async addresses; at 56 registers it spilled
+  // in its k loop (ncu: ~0.9M local-memory requests per call, K1 stalled on them).
+  static constexpr int kProducerRegs = Mainloop::kGatherA ? 72 : 40;
+  static constexpr int kConsumerRegs = Mainloop::kGatherA ? 216 : 232;
+  using EpilogueSmem = typename Epilogue::Tile::SmemTile;
+
+  struct SharedStorage {
+    typename Mainloop::SharedStorage mainloop;
+    alignas(16) EpilogueSmem epilogue[2];  // one per consumer warpgroup
+    typename Mainloop::Barriers stage_barriers;
+    // mma_turn[c] completes a phase when the other consumer has issued a tile's mainloop: the
+    // ping-pong order (below).
+    uint64_t mma_turn[2];
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may use");
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    typename Epilogue::Params epilogue;
+    const int32_t* expert_offsets = nullptr;
+    int num_experts = 0;
+    int m_total = 0;
+  };
+
+  // Every CTA checks the offsets before touching memory: a bad offset would otherwise become
+  // an out-of-bounds load or store (the host rule of check_grouped_gemm, on the device). It
+  // traps without a printf: any call in the kernel makes ptxas serialise every WGMMA.
+  static __device__ void validate_offsets(const Params& p) {
+    for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
+      const int lo = __ldg(p.expert_offsets + e), hi = __ldg(p.expert_offsets + e + 1);
+      if (lo > hi || (e == 0 && lo != 0) || (e == p.num_experts - 1 && hi != p.m_total)) __trap();
+    }
+  }
+
+  static __device__ void run(const Params& p, char* smem_raw) {
+    using namespace cute;
+    // The 128-byte swizzle of TMA and WGMMA repeats every 1024 bytes: stages must start there.
+    if (cute::cast_smem_ptr_to_uint(smem_raw) % 1024 != 0) __trap();
+    SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
+    const int warpgroup = threadIdx.x / 128;
+    const int thread_in_warpgroup = threadIdx.x % 128;
+
+    validate_offsets(p);
+    if (threadIdx.x == 0) {
+      cutlass::arch::ClusterBarrier::init(&s.mma_turn[0], 4);  // one arrival per warp
+      cutlass::arch::ClusterBarrier::init(&s.mma_turn[1], 4);
+      Mainloop::init_barriers(s.stage_barriers);
+      Mainloop::prefetch_descriptors(p.mainloop);
+    }
+    __syncthreads();
+
+    const int n_blocks = Epilogue::n_blocks(p.epilogue);
+    VarlenTileScheduler<kTileM> scheduler(p.expert_offsets, p.num_experts, n_blocks);
+    VarlenTile tile;
+    int iteration = 0;  // k steps of this CTA so far: the position in the stage ring
+
+    if (warpgroup == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      while (scheduler.next(tile)) {
+        Mainloop::load(p.mainloop, s.mainloop, s.stage_barriers, tile,
+                       Epilogue::b_rows(p.epilogue, tile), iteration, thread_in_warpgroup);
+      }
+      Mainloop::load_tail();
+      return;
+    }
+
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    typename Mainloop::TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(thread_in_warpgroup);
+    Tensor accum = partition_fragment_C(tiled_mma, Shape<Int<kTileM>, Int<kTileN>>{});
+    Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
+    const int k_tiles = Mainloop::k_tiles(p.mainloop);
+    const bool warp_leader = thread_in_warpgroup % 32 == 0;
+    for (int j = 0; scheduler.next(tile); ++j) {
+      if (j % 2 != consumer) continue;
+      // Ping-pong order: tile j's mainloop starts once tile j - 1's has been issued by the
+      // other consumer. Besides alternating the tensor cores between the two, this keeps every
+      // wait on a stage barrier within one phase of that barrier: a consumer skips the other's
+      // k steps, and a parity wait more than one phase ahead would pass on stale data.
+      if (j > 0) cutlass::arch::ClusterBarrier::wait(&s.mma_turn[consumer], ((j - 1) / 2) & 1);
+      iteration = j * k_tiles;
+      Mainloop::mma(p.mainloop, s.mainloop, s.stage_barriers, accum, iteration, thread_in_warpgroup);
+      if (warp_leader) cutlass::arch::ClusterBarrier::arrive(&s.mma_turn[1 - consumer]);
+      Epilogue::store(p.epilogue, s.epilogue[consumer], accum, coords, tile, thread_in_warpgroup,
+                      /*barrier_id=*/consumer);
+    }
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    varlen_gemm_kernel(const __grid_constant__ typename Kernel::Params params) {
+  extern __shared__ __align__(1024) char smem[];
+  Kernel::run(params, smem);
+}
+
+}  // namespace sonicmoe::sm90

@@ -1,0 +1,100 @@
+// Host side of the sm90 varlen-M grouped GEMMs: TMA descriptors and the persistent launch.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/tile_size.h"
+#include "sm90/collective/varlen_mainloop_sm90.cuh"
+#include "sm90/fusion/varlen_epilogue_sm90.cuh"
+#include "sm90/varlen_gemm_kernel_sm90.cuh"
+#include "sm90/varlen_tile_scheduler.cuh"
+#include "sonicmoe.h"
+
+namespace sonicmoe::sm90 {
+
+// The driver's cuTensorMapEncodeTiled through the runtime's entry-point query, so the library
+// needs no link against libcuda.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A bf16 tensor of `rank` dims (innermost first, contiguous innermost), loaded in boxes of
+// `box` elements with the 128-byte swizzle the WGMMA shared-memory layouts expect.
+inline Status make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank,
+                                   const uint64_t* dims, const uint64_t* byte_strides,
+                                   const uint32_t* box, const char* what) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) return Status::error("grouped GEMM: cuTensorMapEncodeTiled is unavailable");
+  cuuint64_t d[3], s[2];
+  cuuint32_t b[3], e[3];
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    b[i] = box[i];
+    e[i] = 1;
+    if (i + 1 < rank) s[i] = byte_strides[i];
+  }
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), d,
+                            s, b, e, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::error(std::string("grouped GEMM: cuTensorMapEncodeTiled failed for ") + what +
+                         " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+  return Status::success();
+}
+
+// The expert weights (E, rows, k) as a (k, rows, E) TMA tensor in 64-row boxes.
+template <class Mainloop>
+Status make_weight_tensor_map(CUtensorMap* map, const void* w, int64_t rows, int64_t k, int num_experts) {
+  const uint64_t dims[3] = {uint64_t(k), uint64_t(rows), uint64_t(num_experts)};
+  const uint64_t strides[2] = {uint64_t(k) * 2, uint64_t(rows * k) * 2};
+  const uint32_t box[3] = {Mainloop::kTileK, Mainloop::kBoxRowsB, 1};
+  return make_bf16_tensor_map(map, w, 3, dims, strides, box, "the weights");
+}
+
+// The sorted activations (m_total, k) as a (k, m_total) TMA tensor in whole-tile boxes.
+template <class Mainloop>
+Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, int64_t k) {
+  const uint64_t dims[2] = {uint64_t(k), uint64_t(m_total)};
+  const uint64_t strides[1] = {uint64_t(k) * 2};
+  const uint32_t box[2] = {Mainloop::kTileK, Mainloop::kTileM};
+  return make_bf16_tensor_map(map, a, 2, dims, strides, box, "a");
+}
+
+// Fills the routing fields of params and launches the persistent grid on `stream`.
+template <class Kernel>
+Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
+                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream) {
+  params.expert_offsets = expert_offsets;
+  params.num_experts = num_experts;
+  params.m_total = static_cast<int>(m_total);
+  const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
+  const int64_t max_tiles = varlen_max_tiles(m_total, num_experts, Kernel::kTileM, n_blocks);
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sm_count, max_tiles)));
+  auto* kernel = &varlen_gemm_kernel<Kernel>;
+  SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(Kernel::kSmemBytes)));
+  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+// The tile shape both varlen kernels use (measured: docs/perf-notes.md).
+constexpr int kVarlenTileM = 128, kVarlenTileN = 128, kVarlenTileK = 64, kVarlenStages = 6;
+
+}  // namespace sonicmoe::sm90

@@ -1,0 +1,141 @@
+"""torch.ops.sonicmoe.up_proj (K1: gather + grouped GEMM + SwiGLU) on the GPU against fp32."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sonicmoe
+from conftest import requires_hopper
+from test_grouped_gemm import generator, offsets_from_counts, random_counts
+
+pytestmark = [requires_hopper, pytest.mark.usefixtures("fp32_matmul_reference")]
+
+# (d, n, E) of every anchor config's up-projection (shared/anchors).
+ANCHOR_SHAPES = {
+    "paper-7b-n256": (1536, 256, 128),
+    "paper-7b-n1024": (1536, 1024, 32),
+    "paper-30b-n512": (4096, 512, 128),
+    "paper-120b-n1024": (4096, 1024, 128),
+    "olmoe-1b-7b": (2048, 1024, 64),
+    "qwen3-30b-a3b": (2048, 768, 128),
+    "qwen3-235b-a22b": (4096, 1536, 128),
+    "deepseek-v3": (7168, 2048, 256),
+}
+
+
+def make_inputs(counts, num_tokens, d, n, gen):
+    """x, w1 and routing metadata whose rows gather random tokens (repeats allowed)."""
+    E, m = len(counts), sum(counts)
+    x = torch.randn(num_tokens, d, device="cuda", generator=gen).bfloat16()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    gather_idx = torch.randint(0, max(num_tokens, 1), (m,), device="cuda", generator=gen,
+                               dtype=torch.int32)
+    return x, w1, offsets_from_counts(counts), gather_idx
+
+
+def reference(x, w1, offs, gather_idx):
+    n = w1.shape[1] // 2
+    xs = x.float()[gather_idx.long()]
+    h = torch.empty(xs.shape[0], 2 * n, device="cuda")
+    bounds = offs.tolist()
+    for e in range(w1.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        h[lo:hi] = xs[lo:hi] @ w1[e].float().t()
+    return h, F.silu(h[:, :n]) * h[:, n:]
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(x, w1, offs, gather_idx, keep_h=True):
+    h_ref, a_ref = reference(x, w1, offs, gather_idx)
+    m, n = gather_idx.shape[0], w1.shape[1] // 2
+    # Outputs come from the caching allocator: leave NaN-filled blocks of their sizes behind
+    # so anything the kernel fails to write shows up.
+    torch.full((m * 2 * n,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    torch.full((m * n,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    h, a = sonicmoe.up_proj(x, w1, offs, gather_idx, keep_h=keep_h)
+    torch.cuda.synchronize()
+    assert a.shape == (m, n) and a.dtype == torch.bfloat16
+    assert h.shape == ((m if keep_h else 0), 2 * n)
+    assert torch.isfinite(a).all(), "NaN/Inf or unwritten rows in a"
+    if m:
+        assert rel_err(a, a_ref) <= 1e-2
+    if keep_h and m:
+        assert torch.isfinite(h).all(), "NaN/Inf or unwritten rows in h"
+        assert rel_err(h, h_ref) <= 1e-2
+
+
+@pytest.mark.parametrize("name", list(ANCHOR_SHAPES))
+def test_anchor_up_projection_shapes(name):
+    d, n, E = ANCHOR_SHAPES[name]
+    gen = generator("up", name)
+    check(*make_inputs(random_counts(2000, E, gen), 700, d, n, gen))
+
+
+@pytest.mark.parametrize("E", [1, 8, 128, 256])
+def test_expert_counts_with_empty_experts(E):
+    gen = generator("up-E", E)
+    check(*make_inputs(random_counts(3000 + 37, E, gen), 1000, 256, 192, gen))
+
+
+def test_one_expert_holds_all_rows():
+    gen = generator("up-hot")
+    check(*make_inputs([0, 0, 0, 1111, 0, 0, 0, 0], 300, 512, 128, gen))
+
+
+@pytest.mark.parametrize("m_total", [1, 7, 129, 1000, 4095])
+def test_m_total_not_a_multiple_of_the_tile(m_total):
+    gen = generator("up-m", m_total)
+    check(*make_inputs(random_counts(m_total, 8, gen), 64, 128, 64, gen))
+
+
+@pytest.mark.parametrize("d,n", [(8, 8), (72, 40), (200, 1000), (1000, 200), (4096, 64)])
+def test_d_and_n_not_multiples_of_the_tile(d, n):
+    gen = generator("up-dn", d, n)
+    check(*make_inputs(random_counts(600, 4, gen), 333, d, n, gen))
+
+
+def test_without_h():
+    gen = generator("up-no-h")
+    check(*make_inputs(random_counts(1500, 16, gen), 400, 256, 256, gen), keep_h=False)
+
+
+def test_empty_input_returns_empty():
+    x = torch.randn(5, 128, device="cuda").bfloat16()
+    w1 = torch.randn(4, 128, 128, device="cuda").bfloat16()
+    h, a = sonicmoe.up_proj(x, w1, torch.zeros(5, dtype=torch.int32, device="cuda"),
+                            torch.zeros(0, dtype=torch.int32, device="cuda"))
+    assert h.shape == (0, 128) and a.shape == (0, 64)
+
+
+def test_opcheck():
+    gen = generator("up-opcheck")
+    args = make_inputs(random_counts(300, 8, gen), 100, 128, 64, gen)
+    torch.library.opcheck(torch.ops.sonicmoe.up_proj, args)
+    torch.library.opcheck(torch.ops.sonicmoe.up_proj, (*args, False))
+
+
+def test_cuda_graph_capture_with_new_routing():
+    gen = generator("up-graph")
+    x, w1, offs, gather_idx = make_inputs(random_counts(1000, 16, gen), 500, 256, 128, gen)
+    sonicmoe.up_proj(x, w1, offs, gather_idx)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h, a = sonicmoe.up_proj(x, w1, offs, gather_idx)
+    x.copy_(torch.randn(x.shape, device="cuda", generator=gen).bfloat16())
+    offs.copy_(offsets_from_counts(random_counts(1000, 16, gen)))
+    gather_idx.copy_(torch.randint(0, 500, gather_idx.shape, device="cuda", generator=gen))
+    graph.replay()
+    torch.cuda.synchronize()
+    h_ref, a_ref = reference(x, w1, offs, gather_idx)
+    assert rel_err(h, h_ref) <= 1e-2 and rel_err(a, a_ref) <= 1e-2
+
+
+def test_device_errors_on_gpu():
+    gen = generator("up-errors")
+    x, w1, offs, gather_idx = make_inputs([10, 10], 20, 64, 64, gen)
+    with pytest.raises(ValueError, match=r"up_proj: gather_idx.device = cpu breaks the rule"):
+        torch.ops.sonicmoe.up_proj(x, w1, offs, gather_idx.cpu())
