@@ -157,19 +157,27 @@ def torch_grouped_mm_layer(x, router, w1, w2, top_k):
 
 
 def bench_moe_forward(name, cfg, anchor_rows):
+    """Forward as in training (weights and x require grad, so sonicmoe keeps H for backward),
+    and the inference forward (no_grad) of sonicmoe beside it."""
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
-    x = torch.randn(T, d, device="cuda").bfloat16()
-    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16()
-    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16()
-    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16()
+    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
+    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
     flops = 6.0 * T * K * d * n
-    with torch.no_grad():
-        ms = time_interleaved({"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
-                               "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)},
-                              rounds=5, iters=10)
+
+    def inference():
+        with torch.no_grad():
+            return sonicmoe.moe(x, router, w1, w2, K)
+
+    ms = time_interleaved({"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
+                           "sonicmoe_no_grad": inference,
+                           "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)},
+                          rounds=5, iters=10)
     upstream = next((r.get("fwd_tflops") for r in anchor_rows
                      if r["config"] == name and r["impl"] == "sonicmoe-upstream"), None)
     return {"config": name, "sonicmoe_fwd_tflops": flops / ms["sonicmoe"] / 1e9,
+            "sonicmoe_no_grad_fwd_tflops": flops / ms["sonicmoe_no_grad"] / 1e9,
             "torch_grouped_mm_fwd_tflops": flops / ms["torch_grouped_mm"] / 1e9,
             "upstream_fwd_tflops_anchor": upstream}
 
@@ -231,13 +239,17 @@ def main():
             fwd_rows.append(bench_moe_forward(name, configs[name], anchors["rows"]))
             torch.cuda.empty_cache()
         (out / "moe_forward.json").write_text(json.dumps({"rows": fwd_rows}, indent=1))
-        print(f"{'config':<18}{'ours fwd':>10}{'torch gmm':>11}{'ratio':>7}{'upstream*':>11}")
+        print(f"{'config':<18}{'ours fwd':>10}{'torch gmm':>11}{'ratio':>7}{'upstream*':>11}"
+              f"{'vs up':>7}{'ours no_grad':>14}")
         for r in fwd_rows:
             up = r["upstream_fwd_tflops_anchor"]
-            print(f"{r['config']:<18}{r['sonicmoe_fwd_tflops']:>10.1f}{r['torch_grouped_mm_fwd_tflops']:>11.1f}"
-                  f"{r['sonicmoe_fwd_tflops'] / r['torch_grouped_mm_fwd_tflops']:>7.3f}"
-                  f"{(f'{up:.1f}' if up else '-'):>11}")
-        print("(forward TFLOP/s = 6*T*K*d*n / time, no_grad; *upstream SonicMoE from shared/anchors)\n")
+            ours = r["sonicmoe_fwd_tflops"]
+            print(f"{r['config']:<18}{ours:>10.1f}{r['torch_grouped_mm_fwd_tflops']:>11.1f}"
+                  f"{ours / r['torch_grouped_mm_fwd_tflops']:>7.3f}"
+                  f"{(f'{up:.1f}' if up else '-'):>11}{(f'{ours / up:.3f}' if up else '-'):>7}"
+                  f"{r['sonicmoe_no_grad_fwd_tflops']:>14.1f}")
+        print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on, H kept; "
+              "*upstream SonicMoE from shared/anchors)\n")
     if "grouped_gemm" not in ops:
         return
     rows = []
