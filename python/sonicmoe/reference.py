@@ -12,7 +12,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from .routing import scores_from_logits, token_rounding
+from .routing import RoutingMetadata, scores_from_logits, token_rounding
 
 __all__ = [
     "ROUTING_MODES",
@@ -21,6 +21,8 @@ __all__ = [
     "moe_routed",
     "moe_dense_routed",
     "moe",
+    "up_projection",
+    "expert_backward",
 ]
 
 ROUTING_MODES = ("topk_softmax", "softmax_topk", "softmax_topk_norm")
@@ -252,3 +254,91 @@ def moe(
         return moe_dense_routed(x2, w1, w2, scores, assigned).reshape(x.shape)
     scores, experts = route(x2, router_weight, top_k, routing)
     return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)
+
+
+# ------------------------------------------------------------------------------------------
+# The layer the way the kernels split it (DESIGN §3-4): what K1 keeps for backward, and the
+# backward computed from only x, H, the scores and the routing metadata. These are the
+# specification of K1 and K4-K8 (each step names its kernel); plain PyTorch, any device, in
+# fp32 or the inputs' dtype if wider. They read the offsets on the host, like the rest of this
+# module.
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def up_projection(x: torch.Tensor, w1: torch.Tensor, meta: RoutingMetadata) -> torch.Tensor:
+    """H (T*K, 2n) in the sorted layout: H[r] = w1[e] @ x[gather_idx[r]] for rows r of expert e
+    (K1's product before its SwiGLU epilogue; what the forward keeps)."""
+    dtype = _compute_dtype(x)
+    xs = x.to(dtype)[meta.gather_idx.long()]
+    h = xs.new_empty(xs.shape[0], w1.shape[1])
+    bounds = meta.expert_offsets.tolist()
+    for e in range(w1.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        h[lo:hi] = xs[lo:hi] @ w1[e].to(dtype).T
+    return h
+
+
+def expert_backward(
+    x: torch.Tensor,
+    h: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    scores: torch.Tensor,
+    meta: RoutingMetadata,
+    grad_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of moe_routed from x, H, the scores and the metadata only: no Y, no A and no
+    gathered x or dO are kept from the forward (DESIGN §3).
+
+    x (T, d); h (T*K, 2n) sorted layout (up_projection); w1 (E, 2n, d); w2 (E, d, n);
+    scores (T, K); meta from routing_metadata(experts, E); grad_out (T, d).
+    Returns dx (T, d), dw1 (E, 2n, d), dw2 (E, d, n), dscores (T, K), in the compute dtype.
+    An expert with no rows gets exactly zero weight gradients.
+    """
+    dtype = _compute_dtype(x)
+    T, d = x.shape
+    E, _, n = w2.shape
+    K = scores.shape[1]
+    rows = meta.rev_idx.reshape(-1).long()      # (t, k) -> sorted row
+    tokens = meta.gather_idx.long()             # sorted row -> t
+    M = tokens.numel()
+    row_score = scores.to(dtype).reshape(-1).new_empty(M)
+    row_score[rows] = scores.to(dtype).reshape(-1)
+    bounds = meta.expert_offsets.tolist()
+    w1c, w2c, hc = w1.to(dtype), w2.to(dtype), h.to(dtype)
+
+    # K4: dA' = dO[gather] @ w2[e] (the gather is in the A load), then the epilogue:
+    # recompute A from H, dS = <dA', A> per row, dH = dSwiGLU(s * dA', H), A' = s * A.
+    d_out = grad_out.to(dtype)[tokens]
+    d_a_prime = d_out.new_empty(M, n)
+    for e in range(E):
+        lo, hi = bounds[e], bounds[e + 1]
+        d_a_prime[lo:hi] = d_out[lo:hi] @ w2c[e]
+    gate, up = hc[:, :n], hc[:, n:]
+    sig = torch.sigmoid(gate)
+    a = gate * sig * up
+    d_score_rows = (d_a_prime * a).sum(dim=1)
+    d_a = row_score.unsqueeze(1) * d_a_prime
+    d_h = torch.cat([d_a * up * sig * (1 + gate * (1 - sig)), d_a * gate * sig], dim=1)
+    a_scaled = row_score.unsqueeze(1) * a
+
+    # K5: dW2[e] = dO[gather]^T A'; K7: dW1[e] = dH^T x[gather] (varlen-K, gather along K);
+    # K6: dX~ = dH @ w1[e] (varlen-M).
+    xs = x.to(dtype)[tokens]
+    dw1 = w1c.new_zeros(w1.shape)
+    dw2 = w2c.new_zeros(w2.shape)
+    d_x_rows = d_out.new_empty(M, d)
+    for e in range(E):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            dw2[e] = d_out[lo:hi].T @ a_scaled[lo:hi]
+            dw1[e] = d_h[lo:hi].T @ xs[lo:hi]
+        d_x_rows[lo:hi] = d_h[lo:hi] @ w1c[e]
+
+    # K8: dX[t] = sum_k dX~[rev_idx[t, k]] (gather-and-sum, fixed order); dS back to (T, K).
+    dx = d_x_rows[rows].view(T, K, d).sum(dim=1)
+    dscores = d_score_rows[rows].view(T, K)
+    return dx, dw1, dw2, dscores

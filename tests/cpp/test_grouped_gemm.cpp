@@ -49,11 +49,7 @@ TEST(GroupedGemmHost, accepts_anchor_shapes) {
 }
 
 TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
-  struct Case {
-    void (*mutate)(GroupedGemmParams&);
-    const char* expected;
-  };
-  const Case cases[] = {
+  const sonicmoe::test::RejectionCase<GroupedGemmParams> cases[] = {
       {[](GroupedGemmParams& p) { p.num_experts = 0; }, "num_experts = 0 breaks the rule: must be >= 1"},
       {[](GroupedGemmParams& p) { p.m_total = -1; }, "m_total = -1 breaks the rule"},
       {[](GroupedGemmParams& p) { p.m_total = int64_t(1) << 31; }, "m_total = 2147483648 breaks"},
@@ -63,12 +59,7 @@ TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](GroupedGemmParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
       {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(9); }, "config = 9 breaks"},
   };
-  for (const Case& c : cases) {
-    GroupedGemmParams p = valid_shape();
-    c.mutate(p);
-    const std::string msg = sonicmoe::check_grouped_gemm(p);
-    EXPECT_NE(msg.find(c.expected), std::string::npos) << "got: " << msg;
-  }
+  sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_grouped_gemm);
 }
 
 TEST(GroupedGemmHost, run_rejects_null_and_misaligned_pointers_before_any_launch) {
@@ -229,6 +220,14 @@ TEST_P(SM90_GroupedGemm, bf16_many_experts) {
   std::mt19937 rng(4);
   for (auto& r : rows) r = static_cast<int>(rng() % 40);
   run_case({rows, 128, 256, GetParam()}, 4);
+}
+
+TEST_P(SM90_GroupedGemm, bf16_many_tiles_per_cta_and_deep_k) {
+  // More tiles than SMs, k loops longer than the stage ring (ping-pong turn order).
+  std::vector<int> rows(64);
+  std::mt19937 rng(5);
+  for (auto& r : rows) r = static_cast<int>(rng() % 200);
+  run_case({rows, 512, 256, GetParam()}, 5);
 }
 
 INSTANTIATE_TEST_SUITE_P(

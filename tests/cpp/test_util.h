@@ -3,8 +3,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 namespace sonicmoe::test {
 
@@ -28,6 +31,25 @@ inline float from_bf16(uint16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+// A host rule check against a list of (mutation of a valid shape, expected message part).
+template <class Params>
+struct RejectionCase {
+  void (*mutate)(Params&);
+  const char* expected;
+};
+
+template <class Params, size_t N>
+void expect_rejections(const Params& valid, const RejectionCase<Params> (&cases)[N],
+                       std::string (*check)(const Params&)) {
+  EXPECT_EQ(check(valid), "");
+  for (const auto& c : cases) {
+    Params p = valid;
+    c.mutate(p);
+    const std::string msg = check(p);
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << "got: " << msg;
+  }
 }
 
 }  // namespace sonicmoe::test
