@@ -4,7 +4,9 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
 - grouped_gemm: the down-projection of each config, M_total = T*K rows balanced over E
   experts, k = n, n_out = d, against torch._grouped_mm (TFLOP/s);
 - combine: out[t] = sum_k s * Y[rev(t, k)] at (T, K, d), against the gather-multiply-sum of
-  the torch reference (GB/s, against the device copy ceiling).
+  the torch reference (GB/s, against the device copy ceiling);
+- moe_forward: the layer's forward (training mode, and no_grad) against a torch._grouped_mm layer;
+- moe_backward: backward and forward+backward TFLOP/s and the memory kept after the forward.
 Prints tables; writes JSON and a PNG plot to --out.
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
@@ -182,6 +184,48 @@ def bench_moe_forward(name, cfg, anchor_rows):
             "upstream_fwd_tflops_anchor": upstream}
 
 
+def kept_mib(fn):
+    """Device memory still allocated after fn() returns its output, minus the output (MiB): what
+    the forward keeps for backward (the anchors' kept_MiB)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - base - out.numel() * out.element_size()
+    del out
+    return kept / 2**20
+
+
+def bench_moe_backward(name, cfg, anchor_rows):
+    """Training step pieces: forward, forward + backward (backward = their difference, same run),
+    and the memory kept after the forward, for sonicmoe.moe and the torch._grouped_mm layer."""
+    T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
+    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
+    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    grad = torch.randn(T, d, device="cuda").bfloat16()
+    layers = {"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
+              "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)}
+    fns = {}
+    for impl, layer in layers.items():
+        fns[f"{impl}_fwd"] = layer
+        fns[f"{impl}_fwd_bwd"] = (lambda layer: lambda: layer().backward(grad))(layer)
+    ms = time_interleaved(fns, rounds=5, iters=5)
+    fwd, fwd_bwd = 6.0 * T * K * d * n, 18.0 * T * K * d * n
+    row = {"config": name}
+    for impl, layer in layers.items():
+        bwd_ms = ms[f"{impl}_fwd_bwd"] - ms[f"{impl}_fwd"]
+        row[f"{impl}_bwd_tflops"] = (fwd_bwd - fwd) / bwd_ms / 1e9
+        row[f"{impl}_fwd_bwd_tflops"] = fwd_bwd / ms[f"{impl}_fwd_bwd"] / 1e9
+        row[f"{impl}_kept_MiB"] = kept_mib(layer)
+        for t in (x, router, w1, w2):
+            t.grad = None
+    up = next((r for r in anchor_rows if r["config"] == name and r["impl"] == "sonicmoe-upstream"), {})
+    row.update({f"upstream_{k}_anchor": up.get(k) for k in ("bwd_tflops", "fwd_bwd_tflops", "kept_MiB")})
+    return row
+
+
 def plot(rows, path):
     import matplotlib
 
@@ -250,6 +294,23 @@ def main():
                   f"{r['sonicmoe_no_grad_fwd_tflops']:>14.1f}")
         print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on, H kept; "
               "*upstream SonicMoE from shared/anchors)\n")
+    if "moe_backward" in ops:
+        bwd_rows = []
+        for name in names:
+            bwd_rows.append(bench_moe_backward(name, configs[name], anchors["rows"]))
+            torch.cuda.empty_cache()
+        (out / "moe_backward.json").write_text(json.dumps({"rows": bwd_rows}, indent=1))
+        print(f"{'config':<18}{'bwd':>8}{'torch':>8}{'up*':>8}{'fwd+bwd':>9}{'torch':>8}{'up*':>8}"
+              f"{'kept MiB':>10}{'torch':>9}{'up*':>9}")
+        fmt = lambda v, w, p=1: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
+        for r in bwd_rows:
+            print(f"{r['config']:<18}{fmt(r['sonicmoe_bwd_tflops'], 8)}{fmt(r['torch_grouped_mm_bwd_tflops'], 8)}"
+                  f"{fmt(r['upstream_bwd_tflops_anchor'], 8)}{fmt(r['sonicmoe_fwd_bwd_tflops'], 9)}"
+                  f"{fmt(r['torch_grouped_mm_fwd_bwd_tflops'], 8)}{fmt(r['upstream_fwd_bwd_tflops_anchor'], 8)}"
+                  f"{fmt(r['sonicmoe_kept_MiB'], 10, 0)}{fmt(r['torch_grouped_mm_kept_MiB'], 9, 0)}"
+                  f"{fmt(r['upstream_kept_MiB_anchor'], 9, 0)}")
+        print("(TFLOP/s: bwd = 12*T*K*d*n / (t_fwd+bwd - t_fwd), fwd+bwd = 18*T*K*d*n / t; kept = memory "
+              "allocated after the forward minus its output; *upstream SonicMoE from shared/anchors)\n")
     if "grouped_gemm" not in ops:
         return
     rows = []

@@ -3,6 +3,7 @@
 # for HGMMA, run the benchmark, and end with a short summary table. Logs go to $OUT (or ./h200-out).
 #   bash scripts/h200_check.sh            # everything
 #   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
+#   BENCH_OPS=moe_forward ... QUALITY=1 ... PYTEST_ARGS=... # narrower benchmark, quality check, pytest args
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-h200-out}
@@ -38,13 +39,17 @@ sass_check() {
   [ "$(grep -c HGMMA "$OUT/sass.txt")" -gt 0 ]
 }
 step sass sass_summary.txt sass_check
-step bench bench.log python3 benchmarks/bench.py --all-tiles --out "$OUT"
+step bench bench.log python3 benchmarks/bench.py --all-tiles --out "$OUT" \
+  --ops ${BENCH_OPS:-grouped_gemm,combine,moe_forward,moe_backward}
+if [ -n "${QUALITY:-}" ]; then  # token-rounding quality check (two short trainings)
+  step quality quality.log python3 benchmarks/quality_token_rounding.py --out "$OUT/quality"
+fi
 step demo demo.log python3 benchmarks/demo.py
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '%-8s %s\n' step result
-for s in build gtest pytest sass bench demo; do printf '%-8s %s\n' "$s" "${result[$s]}"; done
+for s in build gtest pytest sass bench demo quality; do printf '%-8s %s\n' "$s" "${result[$s]:-not run}"; done
 grep -E "passed|failed" "$OUT/pytest.log" | tail -1
 grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
 cat "$OUT/sass_summary.txt" 2>/dev/null | head -8
