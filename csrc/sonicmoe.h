@@ -122,4 +122,49 @@ std::string check_combine(const CombineParams& params);
 // with a device-side trap instead of reading out of bounds.
 Status run_combine(const CombineParams& params);
 
+// Routing R (DESIGN §4). Router top-K: scores[t, k] and experts[t, k] (by decreasing logit,
+// ties to the lower expert id) from logits (T, E), fp32 or bf16.
+enum class RouterMode : int {
+  kTopkSoftmax = 0,      // softmax over the K largest logits (Mixtral)
+  kSoftmaxTopk = 1,      // softmax over all E, keep the K largest (OLMoE)
+  kSoftmaxTopkNorm = 2,  // the same, renormalised over the K (Qwen3)
+};
+constexpr int kMaxRouterExperts = 1024;  // one warp holds a token's logits in registers
+constexpr int kMaxRouterTopK = 32;       // lane k keeps choice k
+constexpr int kRoutingChunkTokens = 32;  // tokens per chunk of the sorted-layout kernels
+
+struct RouterTopkParams {
+  const void* logits = nullptr;  // (num_tokens, num_experts), row-major
+  bool logits_bf16 = false;      // else fp32
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int top_k = 0;
+  int mode = 0;                  // a RouterMode
+  float* scores = nullptr;       // (num_tokens, top_k)
+  int32_t* experts = nullptr;    // (num_tokens, top_k)
+  cudaStream_t stream = nullptr;
+};
+std::string check_router_topk(const RouterTopkParams& params);
+Status run_router_topk(const RouterTopkParams& params);
+
+// Sorted-layout metadata of (T, K) expert ids: expert_offsets (E+1), gather_idx (T*K, row ->
+// token) and rev_idx (T*K, (t, k) -> row); rows of an expert in (t, k) order. Three launches,
+// integer counts only (deterministic), no host sync; an id outside [0, E) traps on the device.
+struct SortedLayoutParams {
+  const void* experts = nullptr;  // (num_tokens, top_k), int32 or int64
+  bool experts_int64 = false;
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  int num_experts = 0;
+  int32_t* expert_offsets = nullptr;
+  int32_t* gather_idx = nullptr;
+  int32_t* rev_idx = nullptr;
+  void* workspace = nullptr;      // sorted_layout_workspace_size() bytes, device
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_sorted_layout(const SortedLayoutParams& params);
+size_t sorted_layout_workspace_size(int64_t num_tokens, int num_experts);
+Status run_sorted_layout(const SortedLayoutParams& params);
+
 }  // namespace sonicmoe

@@ -17,6 +17,10 @@ TORCH_LIBRARY(sonicmoe, m) {
   // fused into the GEMM); h has 0 rows when keep_h is false.
   m.def("up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True) "
         "-> (Tensor, Tensor)");
+  // R: top-K scores (fp32) and expert ids (int32) from router logits; mode is a RouterMode.
+  m.def("router_topk(Tensor logits, int top_k, int mode) -> (Tensor, Tensor)");
+  // R: sorted-layout metadata (expert_offsets, gather_idx, rev_idx) of (T, K) expert ids.
+  m.def("routing_metadata(Tensor experts, int num_experts) -> (Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
 }
@@ -25,10 +29,14 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cuda);
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cuda);
   m.impl("combine", &sonicmoe::torch_ops::combine_cuda);
+  m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cuda);
+  m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cpu);
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cpu);
   m.impl("combine", &sonicmoe::torch_ops::combine_cpu);
+  m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cpu);
+  m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cpu);
 }

@@ -27,4 +27,14 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Te
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
 at::Tensor combine_cpu(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
 
+// router_topk(Tensor logits, int top_k, int mode) -> (Tensor scores, Tensor experts)
+std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode);
+std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode);
+
+// routing_metadata(Tensor experts, int num_experts) -> (expert_offsets, gather_idx, rev_idx)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::Tensor& experts,
+                                                                     int64_t num_experts);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cpu(const at::Tensor& experts,
+                                                                    int64_t num_experts);
+
 }  // namespace sonicmoe::torch_ops

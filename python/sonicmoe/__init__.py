@@ -7,7 +7,8 @@ sonicmoe.functional).
 """
 
 from . import reference
-from ._ops import GEMM_TILE_CONFIGS, combine, extension_available, grouped_gemm, up_proj
+from ._ops import (GEMM_TILE_CONFIGS, combine, device_routing_metadata, extension_available, grouped_gemm,
+                   router_topk, up_proj)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -17,11 +18,13 @@ __all__ = [
     "MoE",
     "RoutingMetadata",
     "combine",
+    "device_routing_metadata",
     "extension_available",
     "grouped_gemm",
     "moe",
     "moe_routed",
     "reference",
+    "router_topk",
     "routing_metadata",
     "up_proj",
 ]

@@ -72,6 +72,26 @@ def up_proj(
     return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h)
 
 
+# Routing modes of the router kernel (csrc/sonicmoe.h, RouterMode).
+ROUTER_MODES = {"topk_softmax": 0, "softmax_topk": 1, "softmax_topk_norm": 2}
+
+
+def router_topk(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """R: top-K scores (T, K) fp32 and experts (T, K) int32 from logits (T, E), fp32 or bf16,
+    ordered by decreasing logit (ties to the lower expert id); same math as
+    routing.scores_from_logits in fp32."""
+    _require_extension()
+    return torch.ops.sonicmoe.router_topk(logits, top_k, ROUTER_MODES[routing])
+
+
+def device_routing_metadata(experts: torch.Tensor, num_experts: int):
+    """R: routing_metadata (routing.py) computed by three small kernels; same result."""
+    _require_extension()
+    from .routing import RoutingMetadata
+
+    return RoutingMetadata(*torch.ops.sonicmoe.routing_metadata(experts, num_experts))
+
+
 def combine(y: torch.Tensor, scores: torch.Tensor, rev_idx: torch.Tensor) -> torch.Tensor:
     """K3: out[t] = sum_k scores[t, k] * y[rev_idx[t, k]], fp32 accumulation, deterministic.
 
@@ -96,6 +116,19 @@ if _C is not None:
         torch._check(x.shape[1] == w1.shape[2], lambda: "up_proj: x.shape[1] != w1.shape[2]")
         m, n = gather_idx.shape[0], w1.shape[1] // 2
         return x.new_empty((m if keep_h else 0, 2 * n)), x.new_empty((m, n))
+
+    @torch.library.register_fake("sonicmoe::router_topk")
+    def _router_topk_fake(logits, top_k, mode):
+        torch._check(logits.dim() == 2, lambda: "router_topk: logits must be 2-D")
+        shape = (logits.shape[0], top_k)
+        return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
+
+    @torch.library.register_fake("sonicmoe::routing_metadata")
+    def _routing_metadata_fake(experts, num_experts):
+        torch._check(experts.dim() == 2, lambda: "routing_metadata: experts must be 2-D")
+        ints = dict(dtype=torch.int32)
+        return (experts.new_empty((num_experts + 1,), **ints), experts.new_empty((experts.numel(),), **ints),
+                experts.new_empty(experts.shape, **ints))
 
     @torch.library.register_fake("sonicmoe::combine")
     def _combine_fake(y, scores, rev_idx):

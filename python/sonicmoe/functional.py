@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
-from ._ops import combine, extension_available, grouped_gemm, up_proj
-from .routing import routing_metadata, scores_from_logits
+from ._ops import combine, device_routing_metadata, extension_available, grouped_gemm, router_topk, up_proj
+from .routing import scores_from_logits
 
 __all__ = ["moe", "moe_routed"]
 
@@ -63,7 +63,7 @@ class _MoEExperts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, w2, scores, experts):
-        meta = routing_metadata(experts, w2.shape[0])
+        meta = device_routing_metadata(experts, w2.shape[0])
         keep_h = any(ctx.needs_input_grad)
         h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h)
         y = grouped_gemm(a, w2, meta.expert_offsets)
@@ -120,6 +120,42 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
                 "token-rounding issue lands its variable-K metadata")
         return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
     x2 = x.reshape(-1, d)
-    logits = F.linear(x2, router_weight).float()
-    scores, experts = scores_from_logits(logits, top_k, routing)
+    logits = F.linear(x2, router_weight)
+    if x2.is_cuda and extension_available() and router_weight.shape[0] <= 1024 and top_k <= 32:
+        scores, experts = _RouterTopK.apply(logits, top_k, routing)
+    else:
+        scores, experts = scores_from_logits(logits.float(), top_k, routing)
     return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)
+
+
+class _RouterTopK(torch.autograd.Function):
+    """R: top-K choice and fp32 scores in one kernel; backward in PyTorch (T x E, small).
+
+    topk_softmax and softmax_topk_norm are both the softmax over the chosen logits; softmax_topk
+    is the full softmax at the chosen experts."""
+
+    @staticmethod
+    def forward(ctx, logits, top_k, routing):
+        scores, experts = router_topk(logits, top_k, routing)
+        ctx.mark_non_differentiable(experts)
+        ctx.save_for_backward(logits, scores, experts)
+        ctx.routing = routing
+        return scores, experts
+
+    @staticmethod
+    def backward(ctx, grad_scores, _grad_experts):
+        logits, scores, experts = ctx.saved_tensors
+        grad = router_scores_backward(logits, scores, experts, grad_scores, ctx.routing)
+        return grad.to(logits.dtype), None, None
+
+
+def router_scores_backward(logits, scores, experts, grad_scores, routing):
+    """d(loss)/d(logits) (T, E) fp32 from d(loss)/d(scores) (T, K) of a top-K router."""
+    idx = experts.long()
+    weighted = grad_scores.float() * scores.float()
+    if routing == "softmax_topk":
+        probs = logits.float().softmax(dim=-1)
+        grad = torch.zeros_like(probs).scatter_(1, idx, weighted)
+        return grad - probs * weighted.sum(dim=-1, keepdim=True)
+    chosen = weighted - scores.float() * weighted.sum(dim=-1, keepdim=True)
+    return logits.new_zeros(logits.shape, dtype=torch.float32).scatter_(1, idx, chosen)
