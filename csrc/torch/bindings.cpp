@@ -17,6 +17,11 @@ TORCH_LIBRARY(sonicmoe, m) {
   // fused into the GEMM); h has 0 rows when keep_h is false.
   m.def("up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True) "
         "-> (Tensor, Tensor)");
+  // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel.
+  m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets) -> Tensor");
+  // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
+  m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
+        "Tensor gather_idx) -> (Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
 }
@@ -25,10 +30,14 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cuda);
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cuda);
   m.impl("combine", &sonicmoe::torch_ops::combine_cuda);
+  m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cuda);
+  m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cpu);
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cpu);
   m.impl("combine", &sonicmoe::torch_ops::combine_cpu);
+  m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cpu);
+  m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cpu);
 }
