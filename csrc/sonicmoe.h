@@ -36,6 +36,12 @@ enum class GemmTileConfig : int {
 };
 constexpr int kNumGemmTileConfigs = 8;  // including kAuto
 
+// How the grouped GEMM's per-expert matrix b[e] is stored.
+enum class WeightLayout : int {
+  kNK = 0,  // b (num_experts, n_out, k), k contiguous: out = a @ b[e]^T (the w2 layout: K2)
+  kKN = 1,  // b (num_experts, k, n_out), n_out contiguous: out = a @ b[e] (dH @ w1: K6)
+};
+
 // Varlen-M grouped GEMM (K2 of DESIGN §4):
 //   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
 // All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
@@ -52,6 +58,7 @@ struct GroupedGemmParams {
   size_t workspace_bytes = 0;
   int sm_count = 0;                         // SMs the persistent grid may use
   GemmTileConfig config = GemmTileConfig::kAuto;
+  WeightLayout b_layout = WeightLayout::kNK;  // kKN: varlen kernel only (kAuto picks it)
   cudaStream_t stream = nullptr;
 };
 
@@ -100,6 +107,33 @@ std::string check_up_proj(const UpProjParams& params);
 // Enqueues the up-projection on params.stream. Invalid expert_offsets or a gather_idx entry
 // outside [0, num_tokens) stop the kernel with a device-side trap.
 Status run_up_proj(const UpProjParams& params);
+
+// Backward through the down-projection and SwiGLU (K4 of DESIGN §4), for rows r of expert e:
+//   dA'[r] = w2[e]^T @ d_out[gather_idx[r]]   (n, fp32; d_out rows gathered in the A load)
+//   A = silu(gate) * up from h[r], s = row_score[r], dA = s * dA'
+//   d_h[r] = [dA * up * silu'(gate), dA * silu(gate)],  a_scaled[r] = s * A  (bf16)
+//   d_score_partial[r, j] = sum of dA' * A over n columns [128 j, 128 j + 128)  (fp32)
+struct DownProjGradParams {
+  const void* d_out = nullptr;              // (num_tokens, d) bf16
+  const void* w2 = nullptr;                 // (num_experts, d, n) bf16
+  const void* h = nullptr;                  // (m_total, 2n) bf16, kept by the up-projection
+  const float* row_score = nullptr;         // (m_total) fp32
+  const int32_t* expert_offsets = nullptr;  // (num_experts + 1)
+  const int32_t* gather_idx = nullptr;      // (m_total)
+  void* d_h = nullptr;                      // (m_total, 2n) bf16
+  void* a_scaled = nullptr;                 // (m_total, n) bf16
+  float* d_score_partial = nullptr;         // (m_total, ceil(n / 128)) fp32
+  int64_t num_tokens = 0;
+  int64_t m_total = 0;
+  int64_t d = 0;
+  int64_t n = 0;
+  int num_experts = 0;
+  int sm_count = 0;
+  cudaStream_t stream = nullptr;
+};
+constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial slot
+std::string check_down_proj_grad(const DownProjGradParams& params);
+Status run_down_proj_grad(const DownProjGradParams& params);
 
 // Combine (K3 of DESIGN §4): out[t, :] = sum_k scores[t, k] * y[rev_idx[t, k], :].
 // Deterministic (a fixed summation order, no atomics), fp32 accumulation, bf16 out.

@@ -21,6 +21,11 @@ TORCH_LIBRARY(sonicmoe, m) {
   m.def("router_topk(Tensor logits, int top_k, int mode) -> (Tensor, Tensor)");
   // R: sorted-layout metadata (expert_offsets, gather_idx, rev_idx) of (T, K) expert ids.
   m.def("routing_metadata(Tensor experts, int num_experts) -> (Tensor, Tensor, Tensor)");
+  // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel.
+  m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets) -> Tensor");
+  // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
+  m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
+        "Tensor gather_idx) -> (Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
 }
@@ -31,6 +36,8 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("combine", &sonicmoe::torch_ops::combine_cuda);
   m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cuda);
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cuda);
+  m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cuda);
+  m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
@@ -39,4 +46,6 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("combine", &sonicmoe::torch_ops::combine_cpu);
   m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cpu);
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cpu);
+  m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cpu);
+  m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cpu);
 }

@@ -7,8 +7,8 @@ sonicmoe.functional).
 """
 
 from . import reference
-from ._ops import (GEMM_TILE_CONFIGS, combine, device_routing_metadata, extension_available, grouped_gemm,
-                   router_topk, up_proj)
+from ._ops import (GEMM_TILE_CONFIGS, combine, device_routing_metadata, down_proj_grad, extension_available,
+                   grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -19,8 +19,10 @@ __all__ = [
     "RoutingMetadata",
     "combine",
     "device_routing_metadata",
+    "down_proj_grad",
     "extension_available",
     "grouped_gemm",
+    "grouped_gemm_kn",
     "moe",
     "moe_routed",
     "reference",

@@ -6,9 +6,8 @@ of x and no separate activation pass exist, and nothing syncs with the host, so 
 can be captured in a CUDA graph. H (the pre-activation, T*K x 2n) is kept only when autograd
 will need it.
 
-Interim, until the backward issue lands (README, Status): backward recomputes the layer
-through sonicmoe.reference (plain PyTorch autograd in the inputs' dtype): right, but neither
-fast nor lean; it does not read H yet.
+Backward (WIP, not yet run on a GPU): K4, K6 and K8 from x, H, the scores and the metadata;
+the weight gradients go through torch._grouped_mm over gathered copies until K5/K7 exist.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
 """
@@ -19,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
-from ._ops import combine, device_routing_metadata, extension_available, grouped_gemm, router_topk, up_proj
+from ._ops import (combine, device_routing_metadata, down_proj_grad, extension_available, grouped_gemm,
+                   grouped_gemm_kn, router_topk, up_proj)
 from .routing import scores_from_logits
 
 __all__ = ["moe", "moe_routed"]
@@ -59,7 +59,12 @@ def _kernel_path(x, w1, w2) -> bool:
 
 
 class _MoEExperts(torch.autograd.Function):
-    """Expert MLPs and combine for given routing; see the module docstring for the interim parts."""
+    """Expert MLPs and combine for given routing.
+
+    Saves x, H, the scores and the int32 routing metadata (the weights are the caller's
+    parameters). Backward: K4 (dO gathered in the load, dSwiGLU and dS from H), K6 (dH @ w1),
+    K8 (gather-and-sum by combine). Interim until K5/K7: the weight gradients are
+    torch._grouped_mm over gathered copies of dO and x."""
 
     @staticmethod
     def forward(ctx, x, w1, w2, scores, experts):
@@ -67,22 +72,33 @@ class _MoEExperts(torch.autograd.Function):
         keep_h = any(ctx.needs_input_grad)
         h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h)
         y = grouped_gemm(a, w2, meta.expert_offsets)
-        # H is what the memory-lean backward will read; the interim backward recomputes instead.
-        ctx.save_for_backward(x, w1, w2, scores, experts, h)
+        ctx.save_for_backward(x, w1, w2, scores, h, *meta)
         return combine(y, scores, meta.rev_idx)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, w1, w2, scores, experts, _h = ctx.saved_tensors
-        inputs = (x, w1, w2, scores)
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad)]
-            out = reference.moe_routed(*leaves, experts)
-            wanted = [t for t in leaves if t.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, grad_out.to(out.dtype)) if wanted else [])
-        result = [next(grads).to(t.dtype) if need else None
-                  for t, need in zip(inputs, ctx.needs_input_grad)]
-        return (*result, None)
+        x, w1, w2, scores, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
+        need_x, need_w1, need_w2, need_scores, _ = ctx.needs_input_grad
+        rows = rev_idx.reshape(-1).long()
+        row_score = scores.new_empty(gather_idx.shape[0])
+        row_score[rows] = scores.reshape(-1)
+        d_out = grad_out.to(torch.bfloat16).contiguous()
+        d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx)
+        dscores = d_score_partial.sum(dim=1)[rows].view(scores.shape) if need_scores else None
+        dx = None
+        if need_x:
+            dx_rows = grouped_gemm_kn(d_h, w1, offsets)
+            dx = combine(dx_rows, torch.ones_like(scores), rev_idx).to(x.dtype)
+        has_rows = (offsets[1:] > offsets[:-1]).view(-1, 1, 1)
+        ends = offsets[1:]
+        dw1 = dw2 = None
+        if need_w2:  # interim (K5): gathered copy of dO
+            dw2 = torch._grouped_mm(d_out[gather_idx.long()].t(), a_scaled, offs=ends)
+            dw2 = torch.where(has_rows, dw2, torch.zeros((), dtype=dw2.dtype, device=dw2.device))
+        if need_w1:  # interim (K7): gathered copy of x
+            dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends)
+            dw1 = torch.where(has_rows, dw1, torch.zeros((), dtype=dw1.dtype, device=dw1.device))
+        return dx, dw1, dw2, dscores, None
 
 
 def moe_routed(x, w1, w2, scores, experts):
