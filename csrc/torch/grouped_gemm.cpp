@@ -14,8 +14,9 @@ namespace {
 constexpr const char* kOp = "grouped_gemm";
 
 GroupedGemmParams grouped_gemm_shape(const at::Tensor& a, const at::Tensor& b,
-                                     int64_t tile_config) {
+                                     int64_t tile_config, bool partial_rows) {
   GroupedGemmParams p;
+  p.partial_rows = partial_rows;
   p.m_total = a.size(0);
   p.k = a.size(1);
   p.n_out = b.size(1);
@@ -26,7 +27,8 @@ GroupedGemmParams grouped_gemm_shape(const at::Tensor& a, const at::Tensor& b,
 
 // Everything that can be checked without a GPU, in the order a user would fix it.
 void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& expert_offsets, int64_t tile_config) {
+                             const at::Tensor& expert_offsets, int64_t tile_config,
+                             bool partial_rows) {
   check_dtype(kOp, a, "a", at::kBFloat16);
   check_dtype(kOp, b, "b", at::kBFloat16);
   check_dtype(kOp, expert_offsets, "expert_offsets", at::kInt);
@@ -51,7 +53,7 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
             "must be 0 (auto) or a GemmTileConfig in [1, " +
                 std::to_string(kNumGemmTileConfigs - 1) + "]");
 
-  GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config);
+  GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config, partial_rows);
   shape.sm_count = 1;  // the device is not known yet; checked for real at launch
   const std::string problem = check_grouped_gemm(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
@@ -60,14 +62,15 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
 }  // namespace
 
 at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& expert_offsets, int64_t tile_config) {
-  check_grouped_gemm_args(a, b, expert_offsets, tile_config);
+                             const at::Tensor& expert_offsets, int64_t tile_config,
+                             bool partial_rows) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config, partial_rows);
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   if (a.size(0) == 0) return out;
 
-  GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config);
+  GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, partial_rows);
   p.a = a.data_ptr();
   p.b = b.data_ptr();
   p.out = out.data_ptr();
@@ -85,8 +88,9 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
 }
 
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& expert_offsets, int64_t tile_config) {
-  check_grouped_gemm_args(a, b, expert_offsets, tile_config);
+                            const at::Tensor& expert_offsets, int64_t tile_config,
+                            bool partial_rows) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config, partial_rows);
   // Raises: a is on the CPU.
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   return {};

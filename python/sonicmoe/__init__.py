@@ -7,7 +7,7 @@ sonicmoe.functional).
 """
 
 from . import reference
-from ._ops import GEMM_TILE_CONFIGS, combine, extension_available, grouped_gemm, up_proj
+from ._ops import GEMM_TILE_CONFIGS, combine, combine_csr, extension_available, grouped_gemm, up_proj
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -17,6 +17,7 @@ __all__ = [
     "MoE",
     "RoutingMetadata",
     "combine",
+    "combine_csr",
     "extension_available",
     "grouped_gemm",
     "moe",
