@@ -59,6 +59,10 @@ struct GroupedGemmParams {
   int sm_count = 0;                         // SMs the persistent grid may use
   GemmTileConfig config = GemmTileConfig::kAuto;
   WeightLayout b_layout = WeightLayout::kNK;  // kKN: varlen kernel only (kAuto picks it)
+  // expert_offsets[E] may stop short of m_total (routing whose row count is known only on the
+  // device, e.g. token rounding into an upper-bound buffer); rows past it are not written.
+  // Varlen kernel only (kAuto picks it).
+  bool partial_rows = false;
   cudaStream_t stream = nullptr;
 };
 
@@ -98,6 +102,7 @@ struct UpProjParams {
   int64_t n = 0;
   int num_experts = 0;
   int sm_count = 0;
+  bool partial_rows = false;  // as in GroupedGemmParams
   cudaStream_t stream = nullptr;
 };
 
@@ -148,6 +153,22 @@ struct CombineParams {
   int64_t num_rows = 0;
   cudaStream_t stream = nullptr;
 };
+
+// Combine with a variable number of rows per token (token rounding): out[t, :] =
+// sum over j in [token_offsets[t], token_offsets[t+1]) of row_scores[j] * y[rows[j], :], in order.
+struct CombineCsrParams {
+  const void* y = nullptr;                 // (num_rows, d) bf16
+  const float* row_scores = nullptr;       // (>= token_offsets[T]) fp32
+  const int32_t* rows = nullptr;           // (>= token_offsets[T]) int32, rows of y
+  const int32_t* token_offsets = nullptr;  // (num_tokens + 1) int32, non-decreasing
+  void* out = nullptr;                     // (num_tokens, d) bf16
+  int64_t num_tokens = 0;
+  int64_t d = 0;
+  int64_t num_rows = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_combine_csr(const CombineCsrParams& params);
+Status run_combine_csr(const CombineCsrParams& params);
 
 // Shape rules of combine (no pointers); "" when supported.
 std::string check_combine(const CombineParams& params);

@@ -82,7 +82,9 @@ Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, in
 // Fills the routing fields of params and launches the persistent grid on `stream`.
 template <class Kernel>
 Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
-                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream) {
+                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
+                          bool rows_end_early) {
+  params.rows_end_early = rows_end_early;
   params.expert_offsets = expert_offsets;
   params.num_experts = num_experts;
   params.m_total = static_cast<int>(m_total);

@@ -15,9 +15,10 @@ constexpr const char* kOp = "grouped_gemm";
 
 // b is (E, n_out, k) for WeightLayout::kNK and (E, k, n_out) for kKN.
 GroupedGemmParams grouped_gemm_shape(const at::Tensor& a, const at::Tensor& b, int64_t tile_config,
-                                     WeightLayout layout) {
+                                     WeightLayout layout, bool partial_rows) {
   const bool kn = layout == WeightLayout::kKN;
   GroupedGemmParams p;
+  p.partial_rows = partial_rows;
   p.m_total = a.size(0);
   p.k = a.size(1);
   p.n_out = b.size(kn ? 2 : 1);
@@ -30,7 +31,7 @@ GroupedGemmParams grouped_gemm_shape(const at::Tensor& a, const at::Tensor& b, i
 // Everything that can be checked without a GPU, in the order a user would fix it.
 void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
                              const at::Tensor& expert_offsets, int64_t tile_config,
-                             WeightLayout layout) {
+                             WeightLayout layout, bool partial_rows) {
   const bool kn = layout == WeightLayout::kKN;
   check_dtype(kOp, a, "a", at::kBFloat16);
   check_dtype(kOp, b, "b", at::kBFloat16);
@@ -58,18 +59,18 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
             "must be 0 (auto) or a GemmTileConfig in [1, " +
                 std::to_string(kNumGemmTileConfigs - 1) + "]");
 
-  GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config, layout);
+  GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
   shape.sm_count = 1;  // the device is not known yet; checked for real at launch
   const std::string problem = check_grouped_gemm(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
 at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                       int64_t tile_config, WeightLayout layout) {
-  check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout);
+                       int64_t tile_config, WeightLayout layout, bool partial_rows) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   const c10::cuda::CUDAGuard guard(a.device());
-  GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout);
+  GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
   at::Tensor out = at::empty({a.size(0), p.n_out}, a.options());
   if (a.size(0) == 0) return out;
 
@@ -90,8 +91,8 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 }
 
 at::Tensor run_on_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                      int64_t tile_config, WeightLayout layout) {
-  check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout);
+                      int64_t tile_config, WeightLayout layout, bool partial_rows) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
   // Raises: a is on the CPU.
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   return {};
@@ -100,23 +101,23 @@ at::Tensor run_on_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor
 }  // namespace
 
 at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& expert_offsets, int64_t tile_config) {
-  return run_on_cuda(a, b, expert_offsets, tile_config, WeightLayout::kNK);
+                             const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows) {
+  return run_on_cuda(a, b, expert_offsets, tile_config, WeightLayout::kNK, partial_rows);
 }
 
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& expert_offsets, int64_t tile_config) {
-  return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kNK);
+                            const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows) {
+  return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kNK, partial_rows);
 }
 
 at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b,
                                 const at::Tensor& expert_offsets) {
-  return run_on_cuda(a, b, expert_offsets, 0, WeightLayout::kKN);
+  return run_on_cuda(a, b, expert_offsets, 0, WeightLayout::kKN, false);
 }
 
 at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b,
                                const at::Tensor& expert_offsets) {
-  return run_on_cpu(a, b, expert_offsets, 0, WeightLayout::kKN);
+  return run_on_cpu(a, b, expert_offsets, 0, WeightLayout::kKN, false);
 }
 
 }  // namespace sonicmoe::torch_ops

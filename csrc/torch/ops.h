@@ -9,10 +9,10 @@ namespace sonicmoe::torch_ops {
 
 // grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0) -> Tensor
 at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& expert_offsets, int64_t tile_config);
+                             const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows);
 // CPU tensors: the same argument checks, then an error (the kernels are CUDA-only).
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& expert_offsets, int64_t tile_config);
+                            const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows);
 
 // grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets) -> Tensor; b (E, k, n_out)
 at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets);
@@ -30,10 +30,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
 //   -> (Tensor h, Tensor a)
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,
                                                 const at::Tensor& expert_offsets,
-                                                const at::Tensor& gather_idx, bool keep_h);
+                                                const at::Tensor& gather_idx, bool keep_h,
+                                                bool partial_rows);
 std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Tensor& w1,
                                                const at::Tensor& expert_offsets,
-                                               const at::Tensor& gather_idx, bool keep_h);
+                                               const at::Tensor& gather_idx, bool keep_h,
+                                               bool partial_rows);
 
 // combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
@@ -48,5 +50,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::T
                                                                      int64_t num_experts);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cpu(const at::Tensor& experts,
                                                                     int64_t num_experts);
+
+// combine_csr(Tensor y, Tensor row_scores, Tensor rows, Tensor token_offsets) -> Tensor
+at::Tensor combine_csr_cuda(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
+                            const at::Tensor& token_offsets);
+at::Tensor combine_csr_cpu(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
+                           const at::Tensor& token_offsets);
 
 }  // namespace sonicmoe::torch_ops

@@ -38,19 +38,21 @@ def _require_extension() -> None:
 
 
 def grouped_gemm(
-    a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor, tile_config: str = "auto"
+    a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor, tile_config: str = "auto",
+    partial_rows: bool = False,
 ) -> torch.Tensor:
     """Varlen-M grouped GEMM: out[r] = a[r] @ b[e].T for rows r in expert e's range.
 
     a: (M_total, k) bf16, rows sorted by expert; b: (E, n_out, k) bf16 (the w2 layout);
     expert_offsets: (E+1,) int32 on the device. Returns (M_total, n_out) bf16.
+    partial_rows: expert_offsets[E] may stop short of M_total (rows past it are not written).
     """
     _require_extension()
     if tile_config not in GEMM_TILE_CONFIGS:
         raise ValueError(
             f"tile_config: {tile_config!r} is not one of {sorted(GEMM_TILE_CONFIGS)}"
         )
-    return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config])
+    return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config], partial_rows)
 
 
 def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
@@ -75,6 +77,7 @@ def up_proj(
     expert_offsets: torch.Tensor,
     gather_idx: torch.Tensor,
     keep_h: bool = True,
+    partial_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K1: up-projection with SwiGLU, the x rows gathered inside the GEMM.
 
@@ -85,7 +88,7 @@ def up_proj(
     keep_h is False (inference: H is only kept for backward).
     """
     _require_extension()
-    return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h)
+    return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows)
 
 
 # Routing modes of the router kernel (csrc/sonicmoe.h, RouterMode).
@@ -118,16 +121,23 @@ def combine(y: torch.Tensor, scores: torch.Tensor, rev_idx: torch.Tensor) -> tor
     return torch.ops.sonicmoe.combine(y, scores.float(), rev_idx)
 
 
+def combine_csr(y, row_scores, rows, token_offsets) -> torch.Tensor:
+    """K3 for a variable number of rows per token: out[t] = sum over entries j of token t
+    (token_offsets[t] <= j < token_offsets[t+1]) of row_scores[j] * y[rows[j]], fp32, in order."""
+    _require_extension()
+    return torch.ops.sonicmoe.combine_csr(y, row_scores, rows, token_offsets)
+
+
 if _C is not None:
 
     @torch.library.register_fake("sonicmoe::grouped_gemm")
-    def _grouped_gemm_fake(a, b, expert_offsets, tile_config=0):
+    def _grouped_gemm_fake(a, b, expert_offsets, tile_config=0, partial_rows=False):
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[2], lambda: "grouped_gemm: a.shape[1] != b.shape[2]")
         return a.new_empty((a.shape[0], b.shape[1]))
 
     @torch.library.register_fake("sonicmoe::up_proj")
-    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True):
+    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False):
         torch._check(x.dim() == 2 and w1.dim() == 3, lambda: "up_proj: x must be 2-D, w1 3-D")
         torch._check(x.shape[1] == w1.shape[2], lambda: "up_proj: x.shape[1] != w1.shape[2]")
         m, n = gather_idx.shape[0], w1.shape[1] // 2
@@ -156,6 +166,10 @@ if _C is not None:
         m, n = gather_idx.shape[0], w2.shape[2]
         return (d_out.new_empty((m, 2 * n)), d_out.new_empty((m, n)),
                 d_out.new_empty((m, (n + 127) // 128), dtype=torch.float32))
+
+    @torch.library.register_fake("sonicmoe::combine_csr")
+    def _combine_csr_fake(y, row_scores, rows, token_offsets):
+        return y.new_empty((token_offsets.shape[0] - 1, y.shape[1]))
 
     @torch.library.register_fake("sonicmoe::combine")
     def _combine_fake(y, scores, rev_idx):

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
-from ._ops import (combine, device_routing_metadata, down_proj_grad, extension_available, grouped_gemm,
-                   grouped_gemm_kn, router_topk, up_proj)
-from .routing import scores_from_logits
+from ._ops import (combine, combine_csr, device_routing_metadata, down_proj_grad, extension_available,
+                   grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
+from .routing import dense_routing_metadata, dense_row_bound, scores_from_logits, token_rounding
 
 __all__ = ["moe", "moe_routed"]
 
@@ -101,6 +101,35 @@ class _MoEExperts(torch.autograd.Function):
         return dx, dw1, dw2, dscores, None
 
 
+class _MoEDenseExperts(torch.autograd.Function):
+    """Expert MLPs and combine for a dense (T, E) assignment (token rounding) on the kernels: the
+    sorted layout lives in upper-bound buffers (the row count is known only on the device), K1 and
+    K2 run with partial_rows, combine walks each token's entries. Interim backward: recomputes
+    through sonicmoe.reference.moe_dense_routed."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, scores, assigned, top_k, tile):
+        T, E = assigned.shape
+        meta = dense_routing_metadata(scores, assigned, dense_row_bound(T, E, top_k, tile))
+        _, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=False, partial_rows=True)
+        y = grouped_gemm(a, w2, meta.expert_offsets, tile_config="varlen_pingpong_128x128x64",
+                         partial_rows=True)
+        ctx.save_for_backward(x, w1, w2, scores, assigned)
+        return combine_csr(y, meta.row_scores, meta.rows, meta.token_offsets)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w1, w2, scores, assigned = ctx.saved_tensors
+        inputs = (x, w1, w2, scores)
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad)]
+            out = reference.moe_dense_routed(leaves[0], leaves[1], leaves[2], leaves[3].to(x.dtype), assigned)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad_out.to(out.dtype)) if wanted else [])
+        result = [next(grads).to(t.dtype) if need else None for t, need in zip(inputs, ctx.needs_input_grad)]
+        return (*result, None, None, None)
+
+
 def moe_routed(x, w1, w2, scores, experts):
     """Expert MLPs (SwiGLU) for any router's decisions; gradients flow into scores.
 
@@ -129,12 +158,11 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         raise ValueError(f"router_weight: expected shape (E, d) with d = {d}, got {_shape(router_weight)}")
     top_k = reference._check_top_k(top_k, router_weight.shape[0])
     if routing == "token_rounding":
-        if x.device.type != "cpu":
-            raise NotImplementedError(
-                "routing='token_rounding' runs on the reference path only for now (CPU tensors, "
-                "or sonicmoe.reference.moe); the kernels take (T, K) routing until the "
-                "token-rounding issue lands its variable-K metadata")
-        return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
+        if x.device.type == "cpu" or not _kernel_path(x, w1, w2):
+            return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
+        x2 = x.reshape(-1, d)
+        scores, assigned = token_rounding(F.linear(x2, router_weight).float(), top_k, tile, rule)
+        return _MoEDenseExperts.apply(x2, w1, w2, scores, assigned, top_k, tile).reshape(x.shape)
     x2 = x.reshape(-1, d)
     logits = F.linear(x2, router_weight)
     if x2.is_cuda and extension_available() and router_weight.shape[0] <= 1024 and top_k <= 32:

@@ -12,7 +12,10 @@ from typing import NamedTuple
 import torch
 
 __all__ = [
+    "DenseRoutingMetadata",
     "RoutingMetadata",
+    "dense_routing_metadata",
+    "dense_row_bound",
     "TOKEN_ROUNDING_RULES",
     "routing_metadata",
     "scores_from_logits",
@@ -138,3 +141,57 @@ def token_rounding(
     rank.scatter_(0, order, torch.arange(T, device=logits.device).unsqueeze(1).expand(T, E))
     assigned = rank < target.unsqueeze(0)
     return probs * assigned, assigned
+
+
+class DenseRoutingMetadata(NamedTuple):
+    """Sorted layout of a dense (T, E) assignment whose size is known only on the device (token
+    rounding), in buffers of a fixed upper bound of rows, row_bound.
+
+    expert_offsets: (E+1,) int32; expert e owns rows [off[e], off[e+1]); off[E] = M, the number
+        of assigned (token, expert) pairs, <= row_bound. Kernels run with partial_rows.
+    gather_idx: (row_bound,) int32; sorted row -> token (0 past M).
+    token_offsets: (T+1,) int32; token t's entries are [token_offsets[t], token_offsets[t+1]).
+    rows: (row_bound,) int32; entry -> sorted row, tokens in order, experts ascending within one.
+    row_scores: (row_bound,) fp32; entry -> its score (0 past M).
+    """
+
+    expert_offsets: torch.Tensor
+    gather_idx: torch.Tensor
+    token_offsets: torch.Tensor
+    rows: torch.Tensor
+    row_scores: torch.Tensor
+
+
+def dense_row_bound(num_tokens: int, num_experts: int, top_k: int, tile: int) -> int:
+    """Rows token rounding can assign: top-K's T*K plus fewer than `tile` per expert, at most T*E."""
+    return min(num_tokens * top_k + num_experts * (tile - 1), num_tokens * num_experts)
+
+
+def dense_routing_metadata(scores: torch.Tensor, assigned: torch.Tensor, row_bound: int) -> DenseRoutingMetadata:
+    """DenseRoutingMetadata of scores (T, E) and assigned (T, E) bool, with no host sync: every
+    tensor's size follows from the shapes and row_bound; unassigned pairs are written to one
+    spare slot past the end, which is dropped."""
+    T, E = assigned.shape
+    device = assigned.device
+    ones = assigned.to(torch.int32)
+    expert_offsets = torch.zeros(E + 1, dtype=torch.int32, device=device)
+    expert_offsets[1:] = ones.sum(dim=0, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    token_offsets = torch.zeros(T + 1, dtype=torch.int32, device=device)
+    token_offsets[1:] = ones.sum(dim=1, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+    spare = torch.tensor(row_bound, dtype=torch.int32, device=device)
+    # Sorted row of (t, e): expert e's first row plus the assigned tokens of e before t.
+    row = torch.where(assigned, expert_offsets[:-1].unsqueeze(0) + ones.cumsum(0, dtype=torch.int32) - 1, spare)
+    # Entry of (t, e): token t's first entry plus its assigned experts before e.
+    entry = torch.where(assigned, token_offsets[:-1].unsqueeze(1) + ones.cumsum(1, dtype=torch.int32) - 1, spare)
+
+    tokens = torch.arange(T, dtype=torch.int32, device=device).unsqueeze(1).expand(T, E)
+    gather_idx = torch.zeros(row_bound + 1, dtype=torch.int32, device=device)
+    gather_idx.scatter_(0, row.reshape(-1).long(), tokens.reshape(-1))
+    rows = torch.zeros(row_bound + 1, dtype=torch.int32, device=device)
+    rows.scatter_(0, entry.reshape(-1).long(), row.reshape(-1))
+    row_scores = torch.zeros(row_bound + 1, dtype=torch.float32, device=device)
+    row_scores.scatter_(0, entry.reshape(-1).long(), scores.detach().float().reshape(-1))
+    # The spare slot collected every unassigned pair; entries past M point at row 0 with score 0.
+    return DenseRoutingMetadata(expert_offsets, gather_idx[:row_bound], token_offsets, rows[:row_bound],
+                                row_scores[:row_bound])

@@ -119,3 +119,50 @@ def test_cuda_graph_capture_proves_no_host_sync():
     graph.replay()
     expected = token_rounding(logits, 8, 128)
     assert torch.equal(scores, expected[0]) and torch.equal(assigned, expected[1])
+
+
+# ---------------------------------------------------------------- the kernel path (GPU)
+
+from conftest import requires_hopper  # noqa: E402
+
+
+@requires_hopper
+@pytest.mark.parametrize("T,d,n,E,K,tile,rule", [(1000, 256, 128, 16, 2, 128, "nearest"),
+                                                 (4096, 512, 256, 64, 8, 128, "up"),
+                                                 (300, 128, 64, 8, 1, 64, "down"),
+                                                 (1, 128, 64, 8, 2, 128, "nearest")])
+def test_moe_token_rounding_on_the_kernels(T, d, n, E, K, tile, rule):
+    from sonicmoe.routing import dense_routing_metadata, dense_row_bound
+
+    gen = torch.Generator(device="cuda").manual_seed(T + E)
+    x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    router = (torch.randn(E, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16()
+    out = sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding", tile=tile, rule=rule)
+    # The same routing decisions, then the fp32 reference.
+    scores, assigned = token_rounding(torch.nn.functional.linear(x, router).float(), K, tile, rule)
+    ref = reference.moe_dense_routed(x.float(), w1.float(), w2.float(), scores, assigned)
+    assert torch.isfinite(out).all()
+    assert ((out.float() - ref).norm() / ref.norm()) <= 1e-2
+    meta = dense_routing_metadata(scores, assigned, dense_row_bound(T, E, K, tile))
+    assert int(meta.expert_offsets[-1]) == int(assigned.sum())
+
+
+@requires_hopper
+def test_token_rounding_forward_captures_in_a_cuda_graph():
+    x = torch.randn(2048, 256, device="cuda").bfloat16()
+    router = (torch.randn(32, 256, device="cuda") * 0.06).bfloat16()
+    w1 = (torch.randn(32, 256, 256, device="cuda") * 0.06).bfloat16()
+    w2 = (torch.randn(32, 256, 128, device="cuda") * 0.09).bfloat16()
+    with torch.no_grad():
+        sonicmoe.moe(x, router, w1, w2, 4, routing="token_rounding")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = sonicmoe.moe(x, router, w1, w2, 4, routing="token_rounding")
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        again = sonicmoe.moe(x, router, w1, w2, 4, routing="token_rounding")
+    assert torch.equal(out, again)
