@@ -179,7 +179,7 @@ def dense_routing_metadata(scores: torch.Tensor, assigned: torch.Tensor, row_bou
     token_offsets = torch.zeros(T + 1, dtype=torch.int32, device=device)
     token_offsets[1:] = ones.sum(dim=1, dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
-    spare = torch.tensor(row_bound, dtype=torch.int32, device=device)
+    spare = row_bound  # a Python scalar: no host-to-device copy (CUDA-graph capturable)
     # Sorted row of (t, e): expert e's first row plus the assigned tokens of e before t.
     row = torch.where(assigned, expert_offsets[:-1].unsqueeze(0) + ones.cumsum(0, dtype=torch.int32) - 1, spare)
     # Entry of (t, e): token t's first entry plus its assigned experts before e.
