@@ -3,12 +3,12 @@
 Forward on a Hopper GPU (bf16): routing metadata on the device, the up-projection with the
 x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No gathered copy
 of x and no separate activation pass exist, and nothing syncs with the host, so the forward
-can be captured in a CUDA graph. H (the pre-activation, T*K x 2n) is kept only when autograd
-will need it.
+can be captured in a CUDA graph.
 
 Interim, until the backward issue lands (README, Status): backward recomputes the layer
 through sonicmoe.reference (plain PyTorch autograd in the inputs' dtype): right, but neither
-fast nor lean; it does not read H yet.
+fast nor lean. It does not read H (the pre-activation), so the forward does not keep it yet;
+the memory-lean backward will (up_proj(keep_h=True)).
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
 """
@@ -64,16 +64,15 @@ class _MoEExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, w2, scores, experts):
         meta = routing_metadata(experts, w2.shape[0])
-        keep_h = any(ctx.needs_input_grad)
-        h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h)
+        # No H: the interim backward recomputes instead of reading it.
+        _, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=False)
         y = grouped_gemm(a, w2, meta.expert_offsets)
-        # H is what the memory-lean backward will read; the interim backward recomputes instead.
-        ctx.save_for_backward(x, w1, w2, scores, experts, h)
+        ctx.save_for_backward(x, w1, w2, scores, experts)
         return combine(y, scores, meta.rev_idx)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, w1, w2, scores, experts, _h = ctx.saved_tensors
+        x, w1, w2, scores, experts = ctx.saved_tensors
         inputs = (x, w1, w2, scores)
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad)]
