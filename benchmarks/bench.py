@@ -159,8 +159,8 @@ def torch_grouped_mm_layer(x, router, w1, w2, top_k):
 
 
 def bench_moe_forward(name, cfg, anchor_rows):
-    """Forward as in training (weights and x require grad, so sonicmoe keeps H for backward),
-    and the inference forward (no_grad) of sonicmoe beside it."""
+    """Forward as in training (weights and x require grad: autograd state is built), and the
+    inference forward (no_grad) of sonicmoe beside it."""
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
     x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
     router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
@@ -331,7 +331,7 @@ def main():
                   f"{ours / r['torch_grouped_mm_fwd_tflops']:>7.3f}"
                   f"{(f'{up:.1f}' if up else '-'):>11}{(f'{ours / up:.3f}' if up else '-'):>7}"
                   f"{r['sonicmoe_no_grad_fwd_tflops']:>14.1f}")
-        print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on, H kept; "
+        print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on; "
               "*upstream SonicMoE from shared/anchors)\n")
     if "token_rounding" in ops:
         tr_rows = []

@@ -8,17 +8,15 @@
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
+#include "common/host_rules.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
 namespace {
 
 std::string value_rule(const char* name, int64_t value, const char* rule) {
-  return std::string("grouped_gemm: ") + name + " = " + std::to_string(value) + " breaks the rule: " +
-         rule;
+  return rule_message("grouped_gemm", name, value, rule);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Pointer rules, checked at launch (the shape rules of check_grouped_gemm need no data).
 std::string check_grouped_gemm_pointers(const GroupedGemmParams& p) {

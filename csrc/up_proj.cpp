@@ -5,16 +5,15 @@
 
 #include "sm90/grouped_gemm_sm90.h"
 #include "common/tile_size.h"
+#include "common/host_rules.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
 namespace {
 
 std::string value_rule(const char* name, int64_t value, const char* rule) {
-  return std::string("up_proj: ") + name + " = " + std::to_string(value) + " breaks the rule: " + rule;
+  return rule_message("up_proj", name, value, rule);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/host_rules.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -136,8 +137,7 @@ combine_csr_kernel(const uint4* __restrict__ y, const float* __restrict__ row_sc
 }
 
 std::string value_rule(const char* name, int64_t value, const char* rule) {
-  return std::string("combine: ") + name + " = " + std::to_string(value) + " breaks the rule: " +
-         rule;
+  return rule_message("combine", name, value, rule);
 }
 
 }  // namespace

@@ -3,8 +3,7 @@
 Forward on a Hopper GPU (bf16): routing metadata on the device, the up-projection with the
 x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No gathered copy
 of x and no separate activation pass exist, and nothing syncs with the host, so the forward
-can be captured in a CUDA graph. H (the pre-activation, T*K x 2n) is kept only when autograd
-will need it.
+can be captured in a CUDA graph.
 
 Backward (WIP, not yet run on a GPU): K4, K6 and K8 from x, H, the scores and the metadata;
 the weight gradients go through torch._grouped_mm over gathered copies until K5/K7 exist.

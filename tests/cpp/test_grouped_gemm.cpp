@@ -35,16 +35,12 @@ GroupedGemmParams valid_shape() {
 // ---------------------------------------------------------------- host logic, no GPU needed
 
 TEST(GroupedGemmHost, accepts_anchor_shapes) {
-  // Down-projection shapes of the anchor configs: (k = n, n_out = d, E).
-  const int64_t shapes[][3] = {{256, 1536, 128}, {1024, 1536, 32}, {512, 4096, 128},
-                               {1024, 4096, 128}, {1024, 2048, 64}, {768, 2048, 128},
-                               {1536, 4096, 128}, {2048, 7168, 256}};
-  for (const auto& s : shapes) {
+  for (const auto& s : sonicmoe::test::kAnchorShapes) {  // down-projection: k = n, n_out = d
     GroupedGemmParams p = valid_shape();
-    p.k = s[0];
-    p.n_out = s[1];
-    p.num_experts = static_cast<int>(s[2]);
-    EXPECT_EQ(sonicmoe::check_grouped_gemm(p), "") << "k=" << s[0] << " n_out=" << s[1];
+    p.k = s.n;
+    p.n_out = s.d;
+    p.num_experts = s.num_experts;
+    EXPECT_EQ(sonicmoe::check_grouped_gemm(p), "") << "k=" << p.k << " n_out=" << p.n_out;
   }
 }
 

@@ -35,15 +35,12 @@ UpProjParams valid_shape() {
 // ---------------------------------------------------------------- host logic, no GPU needed
 
 TEST(UpProjHost, accepts_anchor_shapes) {
-  const int64_t shapes[][3] = {{1536, 256, 128}, {1536, 1024, 32}, {4096, 512, 128},
-                               {4096, 1024, 128}, {2048, 1024, 64}, {2048, 768, 128},
-                               {4096, 1536, 128}, {7168, 2048, 256}};  // (d, n, E)
-  for (const auto& s : shapes) {
+  for (const auto& s : sonicmoe::test::kAnchorShapes) {
     UpProjParams p = valid_shape();
-    p.d = s[0];
-    p.n = s[1];
-    p.num_experts = static_cast<int>(s[2]);
-    EXPECT_EQ(sonicmoe::check_up_proj(p), "") << "d=" << s[0] << " n=" << s[1];
+    p.d = s.d;
+    p.n = s.n;
+    p.num_experts = s.num_experts;
+    EXPECT_EQ(sonicmoe::check_up_proj(p), "") << "d=" << p.d << " n=" << p.n;
   }
 }
 

@@ -33,6 +33,15 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
+// (d, n, E) of the anchor configs (shared/anchors).
+struct AnchorShape {
+  int64_t d, n;
+  int num_experts;
+};
+inline constexpr AnchorShape kAnchorShapes[] = {{1536, 256, 128},  {1536, 1024, 32}, {4096, 512, 128},
+                                                {4096, 1024, 128}, {2048, 1024, 64}, {2048, 768, 128},
+                                                {4096, 1536, 128}, {7168, 2048, 256}};
+
 // A host rule check against a list of (mutation of a valid shape, expected message part).
 template <class Params>
 struct RejectionCase {

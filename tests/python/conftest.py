@@ -1,6 +1,7 @@
 """Test setup: import sonicmoe from python/ (build the extension in place first), and the
 skip conditions shared by the GPU tests."""
 
+import json
 import pathlib
 import sys
 
@@ -10,6 +11,12 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 
 import sonicmoe  # noqa: E402
+
+_ANCHORS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "anchors" / "h200-2026-11-29.json"
+# The anchor configs (shared/anchors): name -> dict(T, d, n, E, K).
+ANCHOR_CONFIGS = {}
+for _row in json.loads(_ANCHORS.read_text())["rows"]:
+    ANCHOR_CONFIGS.setdefault(_row["config"], {k: _row[k] for k in ("T", "d", "n", "E", "K")})
 
 
 def _hopper_reason():

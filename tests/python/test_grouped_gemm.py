@@ -6,21 +6,12 @@ import pytest
 import torch
 
 import sonicmoe
-from conftest import requires_hopper
+from conftest import ANCHOR_CONFIGS, requires_hopper
 
 pytestmark = [requires_hopper, pytest.mark.usefixtures("fp32_matmul_reference")]
 
 # Down-projection (k = n, n_out = d, E) of every anchor config (shared/anchors).
-ANCHOR_SHAPES = {
-    "paper-7b-n256": (256, 1536, 128),
-    "paper-7b-n1024": (1024, 1536, 32),
-    "paper-30b-n512": (512, 4096, 128),
-    "paper-120b-n1024": (1024, 4096, 128),
-    "olmoe-1b-7b": (1024, 2048, 64),
-    "qwen3-30b-a3b": (768, 2048, 128),
-    "qwen3-235b-a22b": (1536, 4096, 128),
-    "deepseek-v3": (2048, 7168, 256),
-}
+ANCHOR_SHAPES = {name: (c["n"], c["d"], c["E"]) for name, c in ANCHOR_CONFIGS.items()}
 TILE_CONFIGS = list(sonicmoe.GEMM_TILE_CONFIGS)
 
 

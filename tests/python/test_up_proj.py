@@ -5,22 +5,13 @@ import torch
 import torch.nn.functional as F
 
 import sonicmoe
-from conftest import requires_hopper
+from conftest import ANCHOR_CONFIGS, requires_hopper
 from test_grouped_gemm import generator, offsets_from_counts, random_counts
 
 pytestmark = [requires_hopper, pytest.mark.usefixtures("fp32_matmul_reference")]
 
 # (d, n, E) of every anchor config's up-projection (shared/anchors).
-ANCHOR_SHAPES = {
-    "paper-7b-n256": (1536, 256, 128),
-    "paper-7b-n1024": (1536, 1024, 32),
-    "paper-30b-n512": (4096, 512, 128),
-    "paper-120b-n1024": (4096, 1024, 128),
-    "olmoe-1b-7b": (2048, 1024, 64),
-    "qwen3-30b-a3b": (2048, 768, 128),
-    "qwen3-235b-a22b": (4096, 1536, 128),
-    "deepseek-v3": (7168, 2048, 256),
-}
+ANCHOR_SHAPES = {name: (c["d"], c["n"], c["E"]) for name, c in ANCHOR_CONFIGS.items()}
 
 
 def make_inputs(counts, num_tokens, d, n, gen):
