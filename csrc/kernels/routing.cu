@@ -244,8 +244,10 @@ size_t sorted_layout_workspace_size(int64_t num_tokens, int num_experts) {
 Status run_sorted_layout(const SortedLayoutParams& p) {
   const std::string problem = check_sorted_layout(p);
   if (!problem.empty()) return Status::error(problem);
-  if (p.experts == nullptr || p.expert_offsets == nullptr || p.workspace == nullptr ||
-      (p.num_tokens > 0 && (p.gather_idx == nullptr || p.rev_idx == nullptr)))
+  // With no tokens only expert_offsets (all zero) is written: the other buffers may be empty.
+  if (p.expert_offsets == nullptr ||
+      (p.num_tokens > 0 && (p.experts == nullptr || p.workspace == nullptr || p.gather_idx == nullptr ||
+                            p.rev_idx == nullptr)))
     return Status::error("routing_metadata: experts, expert_offsets, gather_idx, rev_idx and workspace must be non-null");
   if (p.workspace_bytes < sorted_layout_workspace_size(p.num_tokens, p.num_experts))
     return Status::error("routing_metadata: workspace of " + std::to_string(p.workspace_bytes) +
