@@ -134,6 +134,7 @@ struct DownProjGradParams {
   int64_t n = 0;
   int num_experts = 0;
   int sm_count = 0;
+  bool partial_rows = false;  // as in GroupedGemmParams
   cudaStream_t stream = nullptr;
 };
 constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial slot

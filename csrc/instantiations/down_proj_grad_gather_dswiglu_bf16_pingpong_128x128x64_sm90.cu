@@ -24,7 +24,7 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   params.epilogue.d_score_partial = p.d_score_partial;
   params.epilogue.n = static_cast<int>(p.n);
   return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                    p.stream, /*rows_end_early=*/false);
+                                    p.stream, p.partial_rows);
 }
 
 }  // namespace sonicmoe::sm90

@@ -24,10 +24,10 @@ TORCH_LIBRARY(sonicmoe, m) {
   // R: sorted-layout metadata (expert_offsets, gather_idx, rev_idx) of (T, K) expert ids.
   m.def("routing_metadata(Tensor experts, int num_experts) -> (Tensor, Tensor, Tensor)");
   // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel.
-  m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets) -> Tensor");
+  m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows=False) -> Tensor");
   // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
   m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
-        "Tensor gather_idx) -> (Tensor, Tensor, Tensor)");
+        "Tensor gather_idx, bool partial_rows=False) -> (Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.

@@ -66,12 +66,13 @@ void check_down_proj_grad_args(const at::Tensor& d_out, const at::Tensor& w2, co
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx) {
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows) {
   check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx);
   check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
                                {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
   const c10::cuda::CUDAGuard guard(d_out.device());
   DownProjGradParams p = down_proj_grad_shape(d_out, w2, gather_idx);
+  p.partial_rows = partial_rows;
   const int64_t blocks = (p.n + kDownProjGradBlockCols - 1) / kDownProjGradBlockCols;
   at::Tensor d_h = at::empty({p.m_total, 2 * p.n}, d_out.options());
   at::Tensor a_scaled = at::empty({p.m_total, p.n}, d_out.options());
@@ -95,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx) {
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows) {
   check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx);
   check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
                                {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});

@@ -111,13 +111,13 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
 }
 
 at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b,
-                                const at::Tensor& expert_offsets) {
-  return run_on_cuda(a, b, expert_offsets, 0, WeightLayout::kKN, false);
+                                const at::Tensor& expert_offsets, bool partial_rows) {
+  return run_on_cuda(a, b, expert_offsets, 0, WeightLayout::kKN, partial_rows);
 }
 
 at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b,
-                               const at::Tensor& expert_offsets) {
-  return run_on_cpu(a, b, expert_offsets, 0, WeightLayout::kKN, false);
+                               const at::Tensor& expert_offsets, bool partial_rows) {
+  return run_on_cpu(a, b, expert_offsets, 0, WeightLayout::kKN, partial_rows);
 }
 
 }  // namespace sonicmoe::torch_ops

@@ -14,17 +14,20 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows);
 
-// grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets) -> Tensor; b (E, k, n_out)
-at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets);
-at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets);
+// grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows) -> Tensor; b (E, k, n_out)
+at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                                bool partial_rows);
+at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                               bool partial_rows);
 
-// down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx) -> (d_h, a_scaled, d_score_partial)
+// down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows)
+//   -> (d_h, a_scaled, d_score_partial)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows);
 
 // up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True)
 //   -> (Tensor h, Tensor a)

@@ -55,20 +55,23 @@ def grouped_gemm(
     return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config], partial_rows)
 
 
-def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor,
+                    partial_rows: bool = False) -> torch.Tensor:
     """K6 layout: out[r] = a[r] @ b[e] for rows r of expert e, b (E, k, n_out) bf16 read as stored
-    (dX~ = dH @ w1 with w1 (E, 2n, d)); our varlen kernel."""
+    (dX~ = dH @ w1 with w1 (E, 2n, d)); our varlen kernel. partial_rows as in grouped_gemm."""
     _require_extension()
-    return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets)
+    return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows)
 
 
-def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx):
+def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False):
     """K4: gradient through the down-projection and SwiGLU from H (sonicmoe.h, DownProjGradParams).
 
     Returns d_h (M, 2n) bf16, a_scaled = s * A (M, n) bf16 and d_score_partial (M, ceil(n/128))
-    fp32, whose row sums are dS = <dA', A>."""
+    fp32, whose row sums are dS = <dA', A>. partial_rows as in grouped_gemm (rows past
+    expert_offsets[E] are not written)."""
     _require_extension()
-    return torch.ops.sonicmoe.down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx)
+    return torch.ops.sonicmoe.down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx,
+                                             partial_rows)
 
 
 def up_proj(
@@ -156,13 +159,13 @@ if _C is not None:
         return (experts.new_empty((num_experts + 1,), **ints), experts.new_empty((experts.numel(),), **ints),
                 experts.new_empty(experts.shape, **ints))
     @torch.library.register_fake("sonicmoe::grouped_gemm_kn")
-    def _grouped_gemm_kn_fake(a, b, expert_offsets):
+    def _grouped_gemm_kn_fake(a, b, expert_offsets, partial_rows=False):
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
         return a.new_empty((a.shape[0], b.shape[2]))
 
     @torch.library.register_fake("sonicmoe::down_proj_grad")
-    def _down_proj_grad_fake(d_out, w2, h, row_score, expert_offsets, gather_idx):
+    def _down_proj_grad_fake(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False):
         m, n = gather_idx.shape[0], w2.shape[2]
         return (d_out.new_empty((m, 2 * n)), d_out.new_empty((m, n)),
                 d_out.new_empty((m, (n + 127) // 128), dtype=torch.float32))
