@@ -235,7 +235,12 @@ TOKEN_ROUNDING_SWEEPS = {
 
 def bench_token_rounding(cfg, tile=128):
     """Forward, backward and fwd+bwd of token rounding against topk_softmax at one sweep point, and
-    top-K's padding waste: rows added by rounding every expert's count up to the tile, over T*K."""
+    top-K's padding waste: rows added by rounding every expert's count up to the tile, over T*K.
+    The forward is also split into its routing part (router GEMM, top-K or rounding) and its
+    expert part (sorted layout, K1, K2, K3 from given routing decisions)."""
+    from sonicmoe.functional import _MoEDenseExperts
+    from sonicmoe.routing import token_rounding
+
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
     x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
     router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
@@ -243,10 +248,12 @@ def bench_token_rounding(cfg, tile=128):
     w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
     grad = torch.randn(T, d, device="cuda").bfloat16()
     with torch.no_grad():
-        experts = torch.nn.functional.linear(x, router).float().topk(K, dim=-1).indices
+        logits = torch.nn.functional.linear(x, router)
+        scores, experts = sonicmoe.router_topk(logits, K, "topk_softmax")
         counts = torch.bincount(experts.flatten(), minlength=E)
         padded = ((counts + tile - 1) // tile * tile).sum()
         waste = float((padded - counts.sum()) / counts.sum())
+        dense_scores, assigned = token_rounding(logits.float(), K, tile)
     fns = {}
     for routing in ("topk_softmax", "token_rounding"):
         def fwd(routing=routing):
@@ -255,13 +262,25 @@ def bench_token_rounding(cfg, tile=128):
         fns[f"{routing}_fwd"] = fwd
         fns[f"{routing}_fwd_bwd"] = (lambda routing: lambda: sonicmoe.moe(
             x, router, w1, w2, K, routing=routing, tile=tile).backward(grad))(routing)
-    ms = time_interleaved(fns, rounds=3, iters=5)
+
+    def experts_topk():
+        with torch.no_grad():
+            return sonicmoe.moe_routed(x, w1, w2, scores, experts)
+
+    def experts_rounded():
+        with torch.no_grad():
+            return _MoEDenseExperts.apply(x, w1, w2, dense_scores, assigned, K, tile, False)
+
+    fns["topk_softmax_experts"] = experts_topk
+    fns["token_rounding_experts"] = experts_rounded
+    ms = time_interleaved(fns, rounds=5, iters=10)
     row = dict(cfg, topk_padding_waste=waste)
     for routing in ("topk_softmax", "token_rounding"):
-        row[f"{routing}_fwd_ms"] = ms[f"{routing}_fwd"]
-        row[f"{routing}_fwd_bwd_ms"] = ms[f"{routing}_fwd_bwd"]
+        for part in ("fwd", "fwd_bwd", "experts"):
+            row[f"{routing}_{part}_ms"] = ms[f"{routing}_{part}"]
         row[f"{routing}_bwd_ms"] = ms[f"{routing}_fwd_bwd"] - ms[f"{routing}_fwd"]
     row["fwd_speedup"] = row["topk_softmax_fwd_ms"] / row["token_rounding_fwd_ms"]
+    row["experts_speedup"] = row["topk_softmax_experts_ms"] / row["token_rounding_experts_ms"]
     return row
 
 
@@ -341,13 +360,17 @@ def main():
                 torch.cuda.empty_cache()
         (out / "token_rounding.json").write_text(json.dumps({"rows": tr_rows}, indent=1))
         print(f"{'sweep':<24}{'E':>5}{'waste':>7}{'fwd topk':>10}{'fwd TR':>8}{'speedup':>9}"
+              f"{'exp topk':>10}{'exp TR':>8}{'speedup':>9}"
               f"{'bwd topk':>10}{'bwd TR':>8}{'f+b topk':>10}{'f+b TR':>8}")
         for r in tr_rows:
             print(f"{r['sweep']:<24}{r['E']:>5}{r['topk_padding_waste']:>7.3f}{r['topk_softmax_fwd_ms']:>10.3f}"
-                  f"{r['token_rounding_fwd_ms']:>8.3f}{r['fwd_speedup']:>9.3f}{r['topk_softmax_bwd_ms']:>10.3f}"
+                  f"{r['token_rounding_fwd_ms']:>8.3f}{r['fwd_speedup']:>9.3f}"
+                  f"{r['topk_softmax_experts_ms']:>10.3f}{r['token_rounding_experts_ms']:>8.3f}"
+                  f"{r['experts_speedup']:>9.3f}{r['topk_softmax_bwd_ms']:>10.3f}"
                   f"{r['token_rounding_bwd_ms']:>8.3f}{r['topk_softmax_fwd_bwd_ms']:>10.3f}"
                   f"{r['token_rounding_fwd_bwd_ms']:>8.3f}")
-        print("(ms; forward under no_grad; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
+        print("(ms; forward under no_grad; exp = the forward's expert part from given routing decisions: "
+              "sorted layout, K1, K2, K3; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
     if "moe_backward" in ops:
         bwd_rows = []
         for name in names:

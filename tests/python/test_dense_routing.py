@@ -50,6 +50,10 @@ def test_metadata_reproduces_the_dense_reference(T, E, K, tile, rule, skew):
     M = int(assigned.sum())
     assert M <= bound and int(meta.expert_offsets[-1]) == M and int(meta.token_offsets[-1]) == M
     assert meta.gather_idx.shape == meta.rows.shape == meta.row_scores.shape == (bound,)
+    assert meta.sorted_scores.shape == (bound,)
+    # The backward's per-row scores: each entry's score at its sorted row, zero past M.
+    assert torch.equal(meta.sorted_scores[meta.rows[:M].long()], meta.row_scores[:M])
+    assert not meta.sorted_scores[M:].any()
     # Rows of an expert hold its tokens in order; each token's entries list its experts in order.
     for e in range(E):
         lo, hi = int(meta.expert_offsets[e]), int(meta.expert_offsets[e + 1])
