@@ -96,6 +96,8 @@ def up_proj(
 
 # Routing modes of the router kernel (csrc/sonicmoe.h, RouterMode).
 ROUTER_MODES = {"topk_softmax": 0, "softmax_topk": 1, "softmax_topk_norm": 2}
+# Limits of the router_topk kernel (csrc/kernels/routing.cu: kMaxRouterExperts, kMaxRouterTopK).
+ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K = 1024, 32
 
 
 def router_topk(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor, torch.Tensor]:

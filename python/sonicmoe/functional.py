@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
-from ._ops import (combine, combine_csr, device_routing_metadata, down_proj_grad, extension_available,
-                   grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
+from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
+                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
 from .routing import dense_routing_metadata, dense_row_bound, scores_from_logits, token_rounding
 
 __all__ = ["moe", "moe_routed"]
@@ -81,7 +81,8 @@ def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_id
     zero = torch.zeros((), dtype=torch.bfloat16, device=x.device)
     dw1 = dw2 = None
     if need_w2:  # interim (K5): gathered copy of dO
-        dw2 = torch.where(has_rows, torch._grouped_mm(d_out[gather_idx.long()].t(), a_scaled, offs=ends), zero)
+        d_out_rows = d_out[gather_idx.long()]
+        dw2 = torch.where(has_rows, torch._grouped_mm(d_out_rows.t(), a_scaled, offs=ends), zero)
     if need_w1:  # interim (K7): gathered copy of x
         dw1 = torch.where(has_rows, torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends), zero)
     return dx_rows, dw1, dw2, d_row_score
@@ -192,7 +193,8 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         return _MoEDenseExperts.apply(x2, w1, w2, scores, assigned, top_k, tile, keep_h).reshape(x.shape)
     x2 = x.reshape(-1, d)
     logits = F.linear(x2, router_weight)
-    if x2.is_cuda and extension_available() and router_weight.shape[0] <= 1024 and top_k <= 32:
+    kernel_router = router_weight.shape[0] <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K
+    if x2.is_cuda and extension_available() and kernel_router:
         scores, experts = _RouterTopK.apply(logits, top_k, routing)
     else:
         scores, experts = scores_from_logits(logits.float(), top_k, routing)
