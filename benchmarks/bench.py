@@ -226,6 +226,64 @@ def bench_moe_backward(name, cfg, anchor_rows):
     return row
 
 
+# Issue "token rounding": sweeps of (T, d, n, K) with E varied.
+TOKEN_ROUNDING_SWEEPS = {
+    "T16384-d1536-n256-K8": [dict(T=16384, d=1536, n=256, K=8, E=E) for E in (64, 128, 256, 512)],
+    "T16384-d4096-n1024-K4": [dict(T=16384, d=4096, n=1024, K=4, E=E) for E in (32, 64, 128, 256)],
+}
+
+
+def bench_token_rounding(cfg, tile=128):
+    """Forward, backward and fwd+bwd of token rounding against topk_softmax at one sweep point, and
+    top-K's padding waste: rows added by rounding every expert's count up to the tile, over T*K.
+    The forward is also split into its routing part (router GEMM, top-K or rounding) and its
+    expert part (sorted layout, K1, K2, K3 from given routing decisions)."""
+    from sonicmoe.functional import _MoEDenseExperts
+    from sonicmoe.routing import token_rounding
+
+    T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
+    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
+    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    grad = torch.randn(T, d, device="cuda").bfloat16()
+    with torch.no_grad():
+        logits = torch.nn.functional.linear(x, router)
+        scores, experts = sonicmoe.router_topk(logits, K, "topk_softmax")
+        counts = torch.bincount(experts.flatten(), minlength=E)
+        padded = ((counts + tile - 1) // tile * tile).sum()
+        waste = float((padded - counts.sum()) / counts.sum())
+        dense_scores, assigned = token_rounding(logits.float(), K, tile)
+    fns = {}
+    for routing in ("topk_softmax", "token_rounding"):
+        def fwd(routing=routing):
+            with torch.no_grad():
+                return sonicmoe.moe(x, router, w1, w2, K, routing=routing, tile=tile)
+        fns[f"{routing}_fwd"] = fwd
+        fns[f"{routing}_fwd_bwd"] = (lambda routing: lambda: sonicmoe.moe(
+            x, router, w1, w2, K, routing=routing, tile=tile).backward(grad))(routing)
+
+    def experts_topk():
+        with torch.no_grad():
+            return sonicmoe.moe_routed(x, w1, w2, scores, experts)
+
+    def experts_rounded():
+        with torch.no_grad():
+            return _MoEDenseExperts.apply(x, w1, w2, dense_scores, assigned, K, tile, False)
+
+    fns["topk_softmax_experts"] = experts_topk
+    fns["token_rounding_experts"] = experts_rounded
+    ms = time_interleaved(fns, rounds=5, iters=10)
+    row = dict(cfg, topk_padding_waste=waste)
+    for routing in ("topk_softmax", "token_rounding"):
+        for part in ("fwd", "fwd_bwd", "experts"):
+            row[f"{routing}_{part}_ms"] = ms[f"{routing}_{part}"]
+        row[f"{routing}_bwd_ms"] = ms[f"{routing}_fwd_bwd"] - ms[f"{routing}_fwd"]
+    row["fwd_speedup"] = row["topk_softmax_fwd_ms"] / row["token_rounding_fwd_ms"]
+    row["experts_speedup"] = row["topk_softmax_experts_ms"] / row["token_rounding_experts_ms"]
+    return row
+
+
 def plot(rows, path):
     import matplotlib
 
@@ -294,6 +352,25 @@ def main():
                   f"{r['sonicmoe_no_grad_fwd_tflops']:>14.1f}")
         print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on; "
               "*upstream SonicMoE from shared/anchors)\n")
+    if "token_rounding" in ops:
+        tr_rows = []
+        for sweep, points in TOKEN_ROUNDING_SWEEPS.items():
+            for cfg in points:
+                tr_rows.append(dict(bench_token_rounding(cfg), sweep=sweep))
+                torch.cuda.empty_cache()
+        (out / "token_rounding.json").write_text(json.dumps({"rows": tr_rows}, indent=1))
+        print(f"{'sweep':<24}{'E':>5}{'waste':>7}{'fwd topk':>10}{'fwd TR':>8}{'speedup':>9}"
+              f"{'exp topk':>10}{'exp TR':>8}{'speedup':>9}"
+              f"{'bwd topk':>10}{'bwd TR':>8}{'f+b topk':>10}{'f+b TR':>8}")
+        for r in tr_rows:
+            print(f"{r['sweep']:<24}{r['E']:>5}{r['topk_padding_waste']:>7.3f}{r['topk_softmax_fwd_ms']:>10.3f}"
+                  f"{r['token_rounding_fwd_ms']:>8.3f}{r['fwd_speedup']:>9.3f}"
+                  f"{r['topk_softmax_experts_ms']:>10.3f}{r['token_rounding_experts_ms']:>8.3f}"
+                  f"{r['experts_speedup']:>9.3f}{r['topk_softmax_bwd_ms']:>10.3f}"
+                  f"{r['token_rounding_bwd_ms']:>8.3f}{r['topk_softmax_fwd_bwd_ms']:>10.3f}"
+                  f"{r['token_rounding_fwd_bwd_ms']:>8.3f}")
+        print("(ms; forward under no_grad; exp = the forward's expert part from given routing decisions: "
+              "sorted layout, K1, K2, K3; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
     if "moe_backward" in ops:
         bwd_rows = []
         for name in names:

@@ -58,6 +58,15 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
   const int config = static_cast<int>(p.config);
   if (config < 0 || config >= kNumGemmTileConfigs)
     return value_rule("config", config, "must name a GemmTileConfig");
+  const int layout = static_cast<int>(p.b_layout);
+  if (layout < 0 || layout > 1) return value_rule("b_layout", layout, "must name a WeightLayout (0 NK, 1 KN)");
+  if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto &&
+      p.config != GemmTileConfig::kVarlenPingpong128x128x64)
+    return value_rule("config", config,
+                      "b_layout KN (b is (E, k, n_out)) runs on the varlen kernel only: use 0 (auto) or 7");
+  if (p.partial_rows && p.config != GemmTileConfig::kAuto &&
+      p.config != GemmTileConfig::kVarlenPingpong128x128x64)
+    return value_rule("config", config, "partial_rows runs on the varlen kernel only: use 0 (auto) or 7");
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,
@@ -82,6 +91,8 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   problem = check_grouped_gemm_pointers(params);
   if (!problem.empty()) return Status::error(problem);
 
+  if (params.b_layout == WeightLayout::kKN) return sm90::run_varlen_grouped_gemm_kn(params);
+  if (params.partial_rows) return sm90::run_varlen_grouped_gemm(params);
   GemmTileConfig config = params.config;
   if (config == GemmTileConfig::kAuto)
     config = choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);

@@ -36,6 +36,12 @@ enum class GemmTileConfig : int {
 };
 constexpr int kNumGemmTileConfigs = 8;  // including kAuto
 
+// How the grouped GEMM's per-expert matrix b[e] is stored.
+enum class WeightLayout : int {
+  kNK = 0,  // b (num_experts, n_out, k), k contiguous: out = a @ b[e]^T (the w2 layout: K2)
+  kKN = 1,  // b (num_experts, k, n_out), n_out contiguous: out = a @ b[e] (dH @ w1: K6)
+};
+
 // Varlen-M grouped GEMM (K2 of DESIGN §4):
 //   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
 // All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
@@ -52,6 +58,11 @@ struct GroupedGemmParams {
   size_t workspace_bytes = 0;
   int sm_count = 0;                         // SMs the persistent grid may use
   GemmTileConfig config = GemmTileConfig::kAuto;
+  WeightLayout b_layout = WeightLayout::kNK;  // kKN: varlen kernel only (kAuto picks it)
+  // expert_offsets[E] may stop short of m_total (routing whose row count is known only on the
+  // device, e.g. token rounding into an upper-bound buffer); rows past it are not written.
+  // Varlen kernel only (kAuto picks it).
+  bool partial_rows = false;
   cudaStream_t stream = nullptr;
 };
 
@@ -91,6 +102,7 @@ struct UpProjParams {
   int64_t n = 0;
   int num_experts = 0;
   int sm_count = 0;
+  bool partial_rows = false;  // as in GroupedGemmParams
   cudaStream_t stream = nullptr;
 };
 
@@ -100,6 +112,34 @@ std::string check_up_proj(const UpProjParams& params);
 // Enqueues the up-projection on params.stream. Invalid expert_offsets or a gather_idx entry
 // outside [0, num_tokens) stop the kernel with a device-side trap.
 Status run_up_proj(const UpProjParams& params);
+
+// Backward through the down-projection and SwiGLU (K4 of DESIGN §4), for rows r of expert e:
+//   dA'[r] = w2[e]^T @ d_out[gather_idx[r]]   (n, fp32; d_out rows gathered in the A load)
+//   A = silu(gate) * up from h[r], s = row_score[r], dA = s * dA'
+//   d_h[r] = [dA * up * silu'(gate), dA * silu(gate)],  a_scaled[r] = s * A  (bf16)
+//   d_score_partial[r, j] = sum of dA' * A over n columns [128 j, 128 j + 128)  (fp32)
+struct DownProjGradParams {
+  const void* d_out = nullptr;              // (num_tokens, d) bf16
+  const void* w2 = nullptr;                 // (num_experts, d, n) bf16
+  const void* h = nullptr;                  // (m_total, 2n) bf16, kept by the up-projection
+  const float* row_score = nullptr;         // (m_total) fp32
+  const int32_t* expert_offsets = nullptr;  // (num_experts + 1)
+  const int32_t* gather_idx = nullptr;      // (m_total)
+  void* d_h = nullptr;                      // (m_total, 2n) bf16
+  void* a_scaled = nullptr;                 // (m_total, n) bf16
+  float* d_score_partial = nullptr;         // (m_total, ceil(n / 128)) fp32
+  int64_t num_tokens = 0;
+  int64_t m_total = 0;
+  int64_t d = 0;
+  int64_t n = 0;
+  int num_experts = 0;
+  int sm_count = 0;
+  bool partial_rows = false;  // as in GroupedGemmParams
+  cudaStream_t stream = nullptr;
+};
+constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial slot
+std::string check_down_proj_grad(const DownProjGradParams& params);
+Status run_down_proj_grad(const DownProjGradParams& params);
 
 // Combine (K3 of DESIGN §4): out[t, :] = sum_k scores[t, k] * y[rev_idx[t, k], :].
 // Deterministic (a fixed summation order, no atomics), fp32 accumulation, bf16 out.
@@ -115,11 +155,72 @@ struct CombineParams {
   cudaStream_t stream = nullptr;
 };
 
+// Combine with a variable number of rows per token (token rounding): out[t, :] =
+// sum over j in [token_offsets[t], token_offsets[t+1]) of row_scores[j] * y[rows[j], :], in order.
+struct CombineCsrParams {
+  const void* y = nullptr;                 // (num_rows, d) bf16
+  const float* row_scores = nullptr;       // (>= token_offsets[T]) fp32
+  const int32_t* rows = nullptr;           // (>= token_offsets[T]) int32, rows of y
+  const int32_t* token_offsets = nullptr;  // (num_tokens + 1) int32, non-decreasing
+  void* out = nullptr;                     // (num_tokens, d) bf16
+  int64_t num_tokens = 0;
+  int64_t d = 0;
+  int64_t num_rows = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_combine_csr(const CombineCsrParams& params);
+Status run_combine_csr(const CombineCsrParams& params);
+
 // Shape rules of combine (no pointers); "" when supported.
 std::string check_combine(const CombineParams& params);
 
 // Enqueues combine on params.stream. A rev_idx entry outside [0, num_rows) stops the kernel
 // with a device-side trap instead of reading out of bounds.
 Status run_combine(const CombineParams& params);
+
+// Routing R (DESIGN §4). Router top-K: scores[t, k] and experts[t, k] (by decreasing logit,
+// ties to the lower expert id) from logits (T, E), fp32 or bf16.
+enum class RouterMode : int {
+  kTopkSoftmax = 0,      // softmax over the K largest logits (Mixtral)
+  kSoftmaxTopk = 1,      // softmax over all E, keep the K largest (OLMoE)
+  kSoftmaxTopkNorm = 2,  // the same, renormalised over the K (Qwen3)
+};
+constexpr int kMaxRouterExperts = 1024;  // one warp holds a token's logits in registers
+constexpr int kMaxRouterTopK = 32;       // lane k keeps choice k
+constexpr int kRoutingChunkTokens = 32;  // tokens per chunk of the sorted-layout kernels
+
+struct RouterTopkParams {
+  const void* logits = nullptr;  // (num_tokens, num_experts), row-major
+  bool logits_bf16 = false;      // else fp32
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int top_k = 0;
+  int mode = 0;                  // a RouterMode
+  float* scores = nullptr;       // (num_tokens, top_k)
+  int32_t* experts = nullptr;    // (num_tokens, top_k)
+  cudaStream_t stream = nullptr;
+};
+std::string check_router_topk(const RouterTopkParams& params);
+Status run_router_topk(const RouterTopkParams& params);
+
+// Sorted-layout metadata of (T, K) expert ids: expert_offsets (E+1), gather_idx (T*K, row ->
+// token) and rev_idx (T*K, (t, k) -> row); rows of an expert in (t, k) order. Three launches,
+// integer counts only (deterministic), no host sync; an id outside [0, E) traps on the device.
+struct SortedLayoutParams {
+  const void* experts = nullptr;  // (num_tokens, top_k), int32 or int64
+  bool experts_int64 = false;
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  int num_experts = 0;
+  int32_t* expert_offsets = nullptr;
+  int32_t* gather_idx = nullptr;
+  int32_t* rev_idx = nullptr;
+  void* workspace = nullptr;      // sorted_layout_workspace_size() bytes, device
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_sorted_layout(const SortedLayoutParams& params);
+size_t sorted_layout_workspace_size(int64_t num_tokens, int num_experts);
+Status run_sorted_layout(const SortedLayoutParams& params);
 
 }  // namespace sonicmoe

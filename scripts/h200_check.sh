@@ -4,6 +4,7 @@
 #   bash scripts/h200_check.sh            # everything
 #   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
 #   BENCH_OPS=moe_forward ... QUALITY=1 ... PYTEST_ARGS=... # narrower benchmark, quality check, pytest args
+#   STEP_TIMEOUT=300 ...                 # seconds per step before it is killed (a hang reads as rc=124)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-h200-out}
@@ -15,7 +16,7 @@ declare -A result
 step() {  # step NAME LOG COMMAND...
   local name=$1 log=$2; shift 2
   local t0=$SECONDS
-  if "$@" >"$OUT/$log" 2>&1; then result[$name]="ok"; else result[$name]="FAILED (rc=$?)"; fi
+  if timeout "${STEP_TIMEOUT:-900}" "$@" >"$OUT/$log" 2>&1; then result[$name]="ok"; else result[$name]="FAILED (rc=$?)"; fi
   result[$name]="${result[$name]} $((SECONDS - t0))s"
   echo "== $name: ${result[$name]}"; tail -n 3 "$OUT/$log"
 }
@@ -38,7 +39,8 @@ sass_check() {
     "$OUT/sass.txt" | sort -rn
   [ "$(grep -c HGMMA "$OUT/sass.txt")" -gt 0 ]
 }
-step sass sass_summary.txt sass_check
+export OUT; export -f sass_check  # step runs commands under timeout, which needs a program
+step sass sass_summary.txt bash -c sass_check
 step bench bench.log python3 benchmarks/bench.py --all-tiles --out "$OUT" \
   --ops ${BENCH_OPS:-grouped_gemm,combine,moe_forward,moe_backward}
 if [ -n "${QUALITY:-}" ]; then  # token-rounding quality check (two short trainings)

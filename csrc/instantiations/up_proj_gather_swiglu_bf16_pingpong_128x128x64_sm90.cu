@@ -18,7 +18,7 @@ Status run_up_proj(const UpProjParams& p) {
   params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
   params.epilogue.n = static_cast<int>(p.n);
   return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                    p.stream);
+                                    p.stream, p.partial_rows);
 }
 
 }  // namespace sonicmoe::sm90

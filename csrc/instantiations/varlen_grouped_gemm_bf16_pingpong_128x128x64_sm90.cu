@@ -15,7 +15,7 @@ Status run_varlen_grouped_gemm(const GroupedGemmParams& p) {
   params.epilogue.out = static_cast<cutlass::bfloat16_t*>(p.out);
   params.epilogue.n_out = static_cast<int>(p.n_out);
   return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                    p.stream);
+                                    p.stream, p.partial_rows);
 }
 
 }  // namespace sonicmoe::sm90

@@ -82,6 +82,60 @@ combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
   }
 }
 
+// Variable experts per token (token rounding): token t sums entries [token_offsets[t],
+// token_offsets[t + 1]) of (rows, row_scores), in that order. The warp walks the entries 32 at a
+// time (lane j holds entry j of the batch) and loads kLoadBatch rows before accumulating.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+combine_csr_kernel(const uint4* __restrict__ y, const float* __restrict__ row_scores,
+                   const int32_t* __restrict__ rows, const int32_t* __restrict__ token_offsets,
+                   uint4* __restrict__ out, int64_t num_tokens, int64_t vecs_per_row, int64_t num_rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (t >= num_tokens) return;
+  const int32_t first = token_offsets[t], last = token_offsets[t + 1];
+  if (first > last) __trap();
+  for (int64_t v = lane; v - lane < vecs_per_row; v += 32) {
+    float acc[kVec] = {};
+    for (int32_t base = first; base < last; base += 32) {
+      const int count = min(32, last - base);
+      int32_t my_row = 0;
+      float my_score = 0.f;
+      if (lane < count) {
+        my_row = rows[base + lane];
+        my_score = row_scores[base + lane];
+        if (my_row < 0 || my_row >= num_rows) {
+          printf("sonicmoe combine_csr: rows[%d] = %d is outside [0, %lld)\n", base + lane, my_row,
+                 static_cast<long long>(num_rows));
+          __trap();
+        }
+      }
+      for (int k0 = 0; k0 < count; k0 += kLoadBatch) {
+        uint4 raw[kLoadBatch];
+        float s[kLoadBatch];
+#pragma unroll
+        for (int j = 0; j < kLoadBatch; ++j) {
+          const int k = k0 + j;
+          const int32_t row = __shfl_sync(0xffffffff, my_row, k < count ? k : 0);
+          s[j] = __shfl_sync(0xffffffff, my_score, k < count ? k : 0);
+          raw[j] = (k < count && v < vecs_per_row) ? __ldg(&y[int64_t(row) * vecs_per_row + v])
+                                                   : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < kLoadBatch; ++j) {
+          if (k0 + j < count) accumulate(acc, raw[j], s[j]);
+        }
+      }
+    }
+    if (v < vecs_per_row) {
+      uint4 packed;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+      out[t * vecs_per_row + v] = packed;
+    }
+  }
+}
+
 std::string value_rule(const char* name, int64_t value, const char* rule) {
   return rule_message("combine", name, value, rule);
 }
@@ -112,6 +166,37 @@ Status run_combine(const CombineParams& p) {
   combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
       static_cast<const uint4*>(p.y), p.scores, p.rev_idx, static_cast<uint4*>(p.out),
       p.num_tokens, p.top_k, p.d / kVec, p.num_rows);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace sonicmoe
+
+namespace sonicmoe {
+
+std::string check_combine_csr(const CombineCsrParams& p) {
+  if (p.num_tokens < 0 || p.num_tokens > INT_MAX * int64_t(kWarpsPerBlock))
+    return value_rule("num_tokens", p.num_tokens, "must be in [0, 2^33)");
+  if (p.d < kVec || p.d % kVec != 0)
+    return value_rule("d", p.d, "must be a positive multiple of 8 (16-byte vectors)");
+  if (p.num_rows < 0 || p.num_rows > INT32_MAX)
+    return value_rule("num_rows", p.num_rows, "must be in [0, 2^31 - 1] (int32 rows)");
+  return {};
+}
+
+Status run_combine_csr(const CombineCsrParams& p) {
+  std::string problem = check_combine_csr(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.num_tokens == 0) return Status::success();
+  if (p.y == nullptr || p.row_scores == nullptr || p.rows == nullptr || p.token_offsets == nullptr ||
+      p.out == nullptr)
+    return Status::error("combine: y, row_scores, rows, token_offsets and out must be non-null");
+  if (reinterpret_cast<uintptr_t>(p.y) % 16 || reinterpret_cast<uintptr_t>(p.out) % 16)
+    return Status::error("combine: y and out must be 16-byte aligned");
+  const int64_t blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  combine_csr_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
+      static_cast<const uint4*>(p.y), p.row_scores, p.rows, p.token_offsets, static_cast<uint4*>(p.out),
+      p.num_tokens, p.d / kVec, p.num_rows);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
 }

@@ -19,6 +19,12 @@ Status run_grouped_gemm(const GroupedGemmParams& params);
 // K2 on our varlen kernel (GemmTileConfig::kVarlenPingpong128x128x64); needs no workspace.
 Status run_varlen_grouped_gemm(const GroupedGemmParams& params);
 
+// K6 layout: out = a @ b[e], b (E, k, n_out) (WeightLayout::kKN), on the varlen kernel.
+Status run_varlen_grouped_gemm_kn(const GroupedGemmParams& params);
+
+// K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed.
+Status run_down_proj_grad(const DownProjGradParams& params);
+
 // K1 (run_up_proj of sonicmoe.h) once the host rules have passed.
 Status run_up_proj(const UpProjParams& params);
 

@@ -58,12 +58,15 @@ inline Status make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank,
   return Status::success();
 }
 
-// The expert weights (E, rows, k) as a (k, rows, E) TMA tensor in 64-row boxes.
+// The expert weights as a 3-D TMA tensor in boxes of 64 N columns x kTileK:
+// K-major (E, n_cols, k) as (k, n_cols, E); N-major (E, k, n_cols) as (n_cols, k, E).
 template <class Mainloop>
-Status make_weight_tensor_map(CUtensorMap* map, const void* w, int64_t rows, int64_t k, int num_experts) {
-  const uint64_t dims[3] = {uint64_t(k), uint64_t(rows), uint64_t(num_experts)};
-  const uint64_t strides[2] = {uint64_t(k) * 2, uint64_t(rows * k) * 2};
-  const uint32_t box[3] = {Mainloop::kTileK, Mainloop::kBoxRowsB, 1};
+Status make_weight_tensor_map(CUtensorMap* map, const void* w, int64_t n_cols, int64_t k, int num_experts) {
+  const uint64_t inner = Mainloop::kKMajorB ? k : n_cols, outer = Mainloop::kKMajorB ? n_cols : k;
+  const uint64_t dims[3] = {inner, outer, uint64_t(num_experts)};
+  const uint64_t strides[2] = {inner * 2, inner * outer * 2};
+  const uint32_t box[3] = {Mainloop::kKMajorB ? uint32_t(Mainloop::kTileK) : uint32_t(Mainloop::kBoxRowsB),
+                           Mainloop::kKMajorB ? uint32_t(Mainloop::kBoxRowsB) : uint32_t(Mainloop::kTileK), 1};
   return make_bf16_tensor_map(map, w, 3, dims, strides, box, "the weights");
 }
 
@@ -79,7 +82,9 @@ Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, in
 // Fills the routing fields of params and launches the persistent grid on `stream`.
 template <class Kernel>
 Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
-                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream) {
+                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
+                          bool rows_end_early) {
+  params.rows_end_early = rows_end_early;
   params.expert_offsets = expert_offsets;
   params.num_experts = num_experts;
   params.m_total = static_cast<int>(m_total);

@@ -12,23 +12,46 @@ extern "C" PyObject* PyInit__C(void) {
 
 TORCH_LIBRARY(sonicmoe, m) {
   // K2 of DESIGN §4: out[r] = a[r] @ b[e]^T for rows r of expert e (varlen-M grouped GEMM).
-  m.def("grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0) -> Tensor");
+  // partial_rows: expert_offsets[E] may stop short of m_total; rows past it are not written.
+  m.def("grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0, "
+        "bool partial_rows=False) -> Tensor");
   // K1: h[r] = w1[e] @ x[gather_idx[r]], a[r] = silu(h[r, :n]) * h[r, n:] (gather and SwiGLU
   // fused into the GEMM); h has 0 rows when keep_h is false.
-  m.def("up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True) "
-        "-> (Tensor, Tensor)");
+  m.def("up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True, "
+        "bool partial_rows=False) -> (Tensor, Tensor)");
+  // R: top-K scores (fp32) and expert ids (int32) from router logits; mode is a RouterMode.
+  m.def("router_topk(Tensor logits, int top_k, int mode) -> (Tensor, Tensor)");
+  // R: sorted-layout metadata (expert_offsets, gather_idx, rev_idx) of (T, K) expert ids.
+  m.def("routing_metadata(Tensor experts, int num_experts) -> (Tensor, Tensor, Tensor)");
+  // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel.
+  m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows=False) -> Tensor");
+  // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
+  m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
+        "Tensor gather_idx, bool partial_rows=False) -> (Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
+  // K3 with a variable number of rows per token (token rounding), CSR by token.
+  m.def("combine_csr(Tensor y, Tensor row_scores, Tensor rows, Tensor token_offsets) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cuda);
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cuda);
   m.impl("combine", &sonicmoe::torch_ops::combine_cuda);
+  m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cuda);
+  m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cuda);
+  m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cuda);
+  m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cuda);
+  m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("grouped_gemm", &sonicmoe::torch_ops::grouped_gemm_cpu);
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cpu);
   m.impl("combine", &sonicmoe::torch_ops::combine_cpu);
+  m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cpu);
+  m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cpu);
+  m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cpu);
+  m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cpu);
+  m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cpu);
 }

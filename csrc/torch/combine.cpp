@@ -63,4 +63,66 @@ at::Tensor combine_cpu(const at::Tensor& y, const at::Tensor& scores, const at::
   return {};
 }
 
+namespace {
+
+void check_combine_csr_args(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
+                            const at::Tensor& token_offsets) {
+  constexpr const char* op = "combine_csr";
+  check_dtype(op, y, "y", at::kBFloat16);
+  check_dtype(op, row_scores, "row_scores", at::kFloat);
+  check_dtype(op, rows, "rows", at::kInt);
+  check_dtype(op, token_offsets, "token_offsets", at::kInt);
+  check_dim(op, y, "y", 2, "(num_rows, d)");
+  check_dim(op, row_scores, "row_scores", 1, "(entries)");
+  check_dim(op, rows, "rows", 1, "(entries)");
+  check_dim(op, token_offsets, "token_offsets", 1, "(T + 1)");
+  check_arg(rows.size(0) == row_scores.size(0), op, "rows.shape", list_text(rows.sizes()),
+            "must equal row_scores.shape = " + list_text(row_scores.sizes()));
+  check_arg(token_offsets.size(0) >= 1, op, "token_offsets.shape", list_text(token_offsets.sizes()),
+            "needs T + 1 >= 1 entries");
+  check_contiguous(op, y, "y");
+  check_contiguous(op, row_scores, "row_scores");
+  check_contiguous(op, rows, "rows");
+  check_contiguous(op, token_offsets, "token_offsets");
+  check_aligned16(op, y, "y");
+  CombineCsrParams p;
+  p.num_tokens = token_offsets.size(0) - 1;
+  p.d = y.size(1);
+  p.num_rows = y.size(0);
+  const std::string problem = check_combine_csr(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+}  // namespace
+
+at::Tensor combine_csr_cuda(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
+                            const at::Tensor& token_offsets) {
+  check_combine_csr_args(y, row_scores, rows, token_offsets);
+  check_same_cuda_device("combine_csr", {{&y, "y"}, {&row_scores, "row_scores"}, {&rows, "rows"},
+                                         {&token_offsets, "token_offsets"}});
+  const c10::cuda::CUDAGuard guard(y.device());
+  at::Tensor out = at::empty({token_offsets.size(0) - 1, y.size(1)}, y.options());
+  CombineCsrParams p;
+  p.y = y.data_ptr();
+  p.row_scores = row_scores.data_ptr<float>();
+  p.rows = rows.data_ptr<int32_t>();
+  p.token_offsets = token_offsets.data_ptr<int32_t>();
+  p.out = out.data_ptr();
+  p.num_tokens = token_offsets.size(0) - 1;
+  p.d = y.size(1);
+  p.num_rows = y.size(0);
+  p.stream = c10::cuda::getCurrentCUDAStream(y.get_device()).stream();
+  const Status status = run_combine_csr(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return out;
+}
+
+at::Tensor combine_csr_cpu(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
+                           const at::Tensor& token_offsets) {
+  check_combine_csr_args(y, row_scores, rows, token_offsets);
+  check_same_cuda_device("combine_csr", {{&y, "y"}, {&row_scores, "row_scores"}, {&rows, "rows"},
+                                         {&token_offsets, "token_offsets"}});  // raises: CPU
+  return {};
+}
+
 }  // namespace sonicmoe::torch_ops

@@ -13,25 +13,31 @@ namespace {
 
 constexpr const char* kOp = "grouped_gemm";
 
-GroupedGemmParams grouped_gemm_shape(const at::Tensor& a, const at::Tensor& b,
-                                     int64_t tile_config) {
+// b is (E, n_out, k) for WeightLayout::kNK and (E, k, n_out) for kKN.
+GroupedGemmParams grouped_gemm_shape(const at::Tensor& a, const at::Tensor& b, int64_t tile_config,
+                                     WeightLayout layout, bool partial_rows) {
+  const bool kn = layout == WeightLayout::kKN;
   GroupedGemmParams p;
+  p.partial_rows = partial_rows;
   p.m_total = a.size(0);
   p.k = a.size(1);
-  p.n_out = b.size(1);
+  p.n_out = b.size(kn ? 2 : 1);
   p.num_experts = static_cast<int>(b.size(0));
   p.config = static_cast<GemmTileConfig>(tile_config);
+  p.b_layout = layout;
   return p;
 }
 
 // Everything that can be checked without a GPU, in the order a user would fix it.
 void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& expert_offsets, int64_t tile_config) {
+                             const at::Tensor& expert_offsets, int64_t tile_config,
+                             WeightLayout layout, bool partial_rows) {
+  const bool kn = layout == WeightLayout::kKN;
   check_dtype(kOp, a, "a", at::kBFloat16);
   check_dtype(kOp, b, "b", at::kBFloat16);
   check_dtype(kOp, expert_offsets, "expert_offsets", at::kInt);
   check_dim(kOp, a, "a", 2, "(m_total, k)");
-  check_dim(kOp, b, "b", 3, "(num_experts, n_out, k)");
+  check_dim(kOp, b, "b", 3, kn ? "(num_experts, k, n_out)" : "(num_experts, n_out, k)");
   check_dim(kOp, expert_offsets, "expert_offsets", 1, "(num_experts + 1)");
   const int64_t num_experts = b.size(0);
   check_arg(num_experts >= 1, kOp, "b.shape", list_text(b.sizes()),
@@ -39,8 +45,10 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
   check_arg(expert_offsets.size(0) == num_experts + 1, kOp, "expert_offsets.shape",
             list_text(expert_offsets.sizes()),
             "must be (num_experts + 1,) = (" + std::to_string(num_experts + 1) + ",)");
-  check_arg(a.size(1) == b.size(2), kOp, "a.shape", list_text(a.sizes()),
-            "a.shape[1] must equal b.shape[2] = " + std::to_string(b.size(2)) + " (k)");
+  const int k_dim = kn ? 1 : 2;
+  check_arg(a.size(1) == b.size(k_dim), kOp, "a.shape", list_text(a.sizes()),
+            "a.shape[1] must equal b.shape[" + std::to_string(k_dim) + "] = " +
+                std::to_string(b.size(k_dim)) + " (k)");
   check_contiguous(kOp, a, "a");
   check_contiguous(kOp, b, "b");
   check_contiguous(kOp, expert_offsets, "expert_offsets");
@@ -51,23 +59,21 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
             "must be 0 (auto) or a GemmTileConfig in [1, " +
                 std::to_string(kNumGemmTileConfigs - 1) + "]");
 
-  GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config);
+  GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
   shape.sm_count = 1;  // the device is not known yet; checked for real at launch
   const std::string problem = check_grouped_gemm(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
-}  // namespace
-
-at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& expert_offsets, int64_t tile_config) {
-  check_grouped_gemm_args(a, b, expert_offsets, tile_config);
+at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                       int64_t tile_config, WeightLayout layout, bool partial_rows) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
+  at::Tensor out = at::empty({a.size(0), p.n_out}, a.options());
   if (a.size(0) == 0) return out;
 
-  GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config);
   p.a = a.data_ptr();
   p.b = b.data_ptr();
   p.out = out.data_ptr();
@@ -84,12 +90,34 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
   return out;
 }
 
-at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& expert_offsets, int64_t tile_config) {
-  check_grouped_gemm_args(a, b, expert_offsets, tile_config);
+at::Tensor run_on_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                      int64_t tile_config, WeightLayout layout, bool partial_rows) {
+  check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
   // Raises: a is on the CPU.
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   return {};
+}
+
+}  // namespace
+
+at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
+                             const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows) {
+  return run_on_cuda(a, b, expert_offsets, tile_config, WeightLayout::kNK, partial_rows);
+}
+
+at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
+                            const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows) {
+  return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kNK, partial_rows);
+}
+
+at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b,
+                                const at::Tensor& expert_offsets, bool partial_rows) {
+  return run_on_cuda(a, b, expert_offsets, 0, WeightLayout::kKN, partial_rows);
+}
+
+at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b,
+                               const at::Tensor& expert_offsets, bool partial_rows) {
+  return run_on_cpu(a, b, expert_offsets, 0, WeightLayout::kKN, partial_rows);
 }
 
 }  // namespace sonicmoe::torch_ops

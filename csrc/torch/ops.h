@@ -9,22 +9,55 @@ namespace sonicmoe::torch_ops {
 
 // grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0) -> Tensor
 at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& expert_offsets, int64_t tile_config);
+                             const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows);
 // CPU tensors: the same argument checks, then an error (the kernels are CUDA-only).
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& expert_offsets, int64_t tile_config);
+                            const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows);
+
+// grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows) -> Tensor; b (E, k, n_out)
+at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                                bool partial_rows);
+at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                               bool partial_rows);
+
+// down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows)
+//   -> (d_h, a_scaled, d_score_partial)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
+    const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
+    const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows);
 
 // up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True)
 //   -> (Tensor h, Tensor a)
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,
                                                 const at::Tensor& expert_offsets,
-                                                const at::Tensor& gather_idx, bool keep_h);
+                                                const at::Tensor& gather_idx, bool keep_h,
+                                                bool partial_rows);
 std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Tensor& w1,
                                                const at::Tensor& expert_offsets,
-                                               const at::Tensor& gather_idx, bool keep_h);
+                                               const at::Tensor& gather_idx, bool keep_h,
+                                               bool partial_rows);
 
 // combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
 at::Tensor combine_cpu(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
+
+// router_topk(Tensor logits, int top_k, int mode) -> (Tensor scores, Tensor experts)
+std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode);
+std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode);
+
+// routing_metadata(Tensor experts, int num_experts) -> (expert_offsets, gather_idx, rev_idx)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::Tensor& experts,
+                                                                     int64_t num_experts);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cpu(const at::Tensor& experts,
+                                                                    int64_t num_experts);
+
+// combine_csr(Tensor y, Tensor row_scores, Tensor rows, Tensor token_offsets) -> Tensor
+at::Tensor combine_csr_cuda(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
+                            const at::Tensor& token_offsets);
+at::Tensor combine_csr_cpu(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
+                           const at::Tensor& token_offsets);
 
 }  // namespace sonicmoe::torch_ops

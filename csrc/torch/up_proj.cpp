@@ -61,7 +61,8 @@ void check_up_proj_args(const at::Tensor& x, const at::Tensor& w1, const at::Ten
 
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,
                                                 const at::Tensor& expert_offsets,
-                                                const at::Tensor& gather_idx, bool keep_h) {
+                                                const at::Tensor& gather_idx, bool keep_h,
+                                                bool partial_rows) {
   check_up_proj_args(x, w1, expert_offsets, gather_idx);
   check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
                                {&gather_idx, "gather_idx"}});
@@ -78,6 +79,7 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
   p.h = keep_h ? h.data_ptr() : nullptr;
   p.a = a.data_ptr();
   p.sm_count = hopper_sm_count(kOp, x);
+  p.partial_rows = partial_rows;
   p.stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   const Status status = run_up_proj(p);
   TORCH_CHECK(status.ok(), status.message);
@@ -86,7 +88,8 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
 
 std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Tensor& w1,
                                                const at::Tensor& expert_offsets,
-                                               const at::Tensor& gather_idx, bool keep_h) {
+                                               const at::Tensor& gather_idx, bool keep_h,
+                                               bool partial_rows) {
   check_up_proj_args(x, w1, expert_offsets, gather_idx);
   // Raises: x is on the CPU.
   check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},

@@ -7,7 +7,8 @@ sonicmoe.functional).
 """
 
 from . import reference
-from ._ops import GEMM_TILE_CONFIGS, combine, extension_available, grouped_gemm, up_proj
+from ._ops import (GEMM_TILE_CONFIGS, combine, combine_csr, device_routing_metadata, down_proj_grad,
+                   extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -17,11 +18,16 @@ __all__ = [
     "MoE",
     "RoutingMetadata",
     "combine",
+    "combine_csr",
+    "device_routing_metadata",
+    "down_proj_grad",
     "extension_available",
     "grouped_gemm",
+    "grouped_gemm_kn",
     "moe",
     "moe_routed",
     "reference",
+    "router_topk",
     "routing_metadata",
     "up_proj",
 ]

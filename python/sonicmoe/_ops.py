@@ -38,19 +38,40 @@ def _require_extension() -> None:
 
 
 def grouped_gemm(
-    a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor, tile_config: str = "auto"
+    a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor, tile_config: str = "auto",
+    partial_rows: bool = False,
 ) -> torch.Tensor:
     """Varlen-M grouped GEMM: out[r] = a[r] @ b[e].T for rows r in expert e's range.
 
     a: (M_total, k) bf16, rows sorted by expert; b: (E, n_out, k) bf16 (the w2 layout);
     expert_offsets: (E+1,) int32 on the device. Returns (M_total, n_out) bf16.
+    partial_rows: expert_offsets[E] may stop short of M_total (rows past it are not written).
     """
     _require_extension()
     if tile_config not in GEMM_TILE_CONFIGS:
         raise ValueError(
             f"tile_config: {tile_config!r} is not one of {sorted(GEMM_TILE_CONFIGS)}"
         )
-    return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config])
+    return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config], partial_rows)
+
+
+def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor,
+                    partial_rows: bool = False) -> torch.Tensor:
+    """K6 layout: out[r] = a[r] @ b[e] for rows r of expert e, b (E, k, n_out) bf16 read as stored
+    (dX~ = dH @ w1 with w1 (E, 2n, d)); our varlen kernel. partial_rows as in grouped_gemm."""
+    _require_extension()
+    return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows)
+
+
+def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False):
+    """K4: gradient through the down-projection and SwiGLU from H (sonicmoe.h, DownProjGradParams).
+
+    Returns d_h (M, 2n) bf16, a_scaled = s * A (M, n) bf16 and d_score_partial (M, ceil(n/128))
+    fp32, whose row sums are dS = <dA', A>. partial_rows as in grouped_gemm (rows past
+    expert_offsets[E] are not written)."""
+    _require_extension()
+    return torch.ops.sonicmoe.down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx,
+                                             partial_rows)
 
 
 def up_proj(
@@ -59,6 +80,7 @@ def up_proj(
     expert_offsets: torch.Tensor,
     gather_idx: torch.Tensor,
     keep_h: bool = True,
+    partial_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K1: up-projection with SwiGLU, the x rows gathered inside the GEMM.
 
@@ -69,7 +91,29 @@ def up_proj(
     keep_h is False (inference: H is only kept for backward).
     """
     _require_extension()
-    return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h)
+    return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows)
+
+
+# Routing modes of the router kernel (csrc/sonicmoe.h, RouterMode).
+ROUTER_MODES = {"topk_softmax": 0, "softmax_topk": 1, "softmax_topk_norm": 2}
+# Limits of the router_topk kernel (csrc/kernels/routing.cu: kMaxRouterExperts, kMaxRouterTopK).
+ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K = 1024, 32
+
+
+def router_topk(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """R: top-K scores (T, K) fp32 and experts (T, K) int32 from logits (T, E), fp32 or bf16,
+    ordered by decreasing logit (ties to the lower expert id); same math as
+    routing.scores_from_logits in fp32."""
+    _require_extension()
+    return torch.ops.sonicmoe.router_topk(logits, top_k, ROUTER_MODES[routing])
+
+
+def device_routing_metadata(experts: torch.Tensor, num_experts: int):
+    """R: routing_metadata (routing.py) computed by three small kernels; same result."""
+    _require_extension()
+    from .routing import RoutingMetadata
+
+    return RoutingMetadata(*torch.ops.sonicmoe.routing_metadata(experts, num_experts))
 
 
 def combine(y: torch.Tensor, scores: torch.Tensor, rev_idx: torch.Tensor) -> torch.Tensor:
@@ -82,20 +126,55 @@ def combine(y: torch.Tensor, scores: torch.Tensor, rev_idx: torch.Tensor) -> tor
     return torch.ops.sonicmoe.combine(y, scores.float(), rev_idx)
 
 
+def combine_csr(y, row_scores, rows, token_offsets) -> torch.Tensor:
+    """K3 for a variable number of rows per token: out[t] = sum over entries j of token t
+    (token_offsets[t] <= j < token_offsets[t+1]) of row_scores[j] * y[rows[j]], fp32, in order."""
+    _require_extension()
+    return torch.ops.sonicmoe.combine_csr(y, row_scores, rows, token_offsets)
+
+
 if _C is not None:
 
     @torch.library.register_fake("sonicmoe::grouped_gemm")
-    def _grouped_gemm_fake(a, b, expert_offsets, tile_config=0):
+    def _grouped_gemm_fake(a, b, expert_offsets, tile_config=0, partial_rows=False):
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[2], lambda: "grouped_gemm: a.shape[1] != b.shape[2]")
         return a.new_empty((a.shape[0], b.shape[1]))
 
     @torch.library.register_fake("sonicmoe::up_proj")
-    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True):
+    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False):
         torch._check(x.dim() == 2 and w1.dim() == 3, lambda: "up_proj: x must be 2-D, w1 3-D")
         torch._check(x.shape[1] == w1.shape[2], lambda: "up_proj: x.shape[1] != w1.shape[2]")
         m, n = gather_idx.shape[0], w1.shape[1] // 2
         return x.new_empty((m if keep_h else 0, 2 * n)), x.new_empty((m, n))
+
+    @torch.library.register_fake("sonicmoe::router_topk")
+    def _router_topk_fake(logits, top_k, mode):
+        torch._check(logits.dim() == 2, lambda: "router_topk: logits must be 2-D")
+        shape = (logits.shape[0], top_k)
+        return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
+
+    @torch.library.register_fake("sonicmoe::routing_metadata")
+    def _routing_metadata_fake(experts, num_experts):
+        torch._check(experts.dim() == 2, lambda: "routing_metadata: experts must be 2-D")
+        ints = dict(dtype=torch.int32)
+        return (experts.new_empty((num_experts + 1,), **ints), experts.new_empty((experts.numel(),), **ints),
+                experts.new_empty(experts.shape, **ints))
+    @torch.library.register_fake("sonicmoe::grouped_gemm_kn")
+    def _grouped_gemm_kn_fake(a, b, expert_offsets, partial_rows=False):
+        torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
+        torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
+        return a.new_empty((a.shape[0], b.shape[2]))
+
+    @torch.library.register_fake("sonicmoe::down_proj_grad")
+    def _down_proj_grad_fake(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False):
+        m, n = gather_idx.shape[0], w2.shape[2]
+        return (d_out.new_empty((m, 2 * n)), d_out.new_empty((m, n)),
+                d_out.new_empty((m, (n + 127) // 128), dtype=torch.float32))
+
+    @torch.library.register_fake("sonicmoe::combine_csr")
+    def _combine_csr_fake(y, row_scores, rows, token_offsets):
+        return y.new_empty((token_offsets.shape[0] - 1, y.shape[1]))
 
     @torch.library.register_fake("sonicmoe::combine")
     def _combine_fake(y, scores, rev_idx):

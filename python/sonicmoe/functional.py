@@ -5,10 +5,9 @@ x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No ga
 of x and no separate activation pass exist, and nothing syncs with the host, so the forward
 can be captured in a CUDA graph.
 
-Interim, until the backward issue lands (README, Status): backward recomputes the layer
-through sonicmoe.reference (plain PyTorch autograd in the inputs' dtype): right, but neither
-fast nor lean. It does not read H (the pre-activation), so the forward does not keep it yet;
-the memory-lean backward will (up_proj(keep_h=True)).
+Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients go
+through torch._grouped_mm over gathered copies until K5/K7 exist. Token rounding runs the
+same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
 """
@@ -19,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
-from ._ops import combine, extension_available, grouped_gemm, up_proj
-from .routing import routing_metadata, scores_from_logits
+from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
+                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
+from .routing import dense_routing_metadata, dense_row_bound, scores_from_logits, token_rounding
 
 __all__ = ["moe", "moe_routed"]
 
@@ -58,30 +58,103 @@ def _kernel_path(x, w1, w2) -> bool:
     return True
 
 
+def _grad_enabled_for(*tensors) -> bool:
+    """Whether this forward builds a graph: only then is H worth writing and keeping."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows):
+    """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
+
+    K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
+    score gradient; K6 gives dX~ = dH @ w1 per row. Interim until K5/K7: the weight gradients
+    are torch._grouped_mm over gathered copies of dO and x (rows past offsets[E] are outside
+    every group, so partial_rows buffers are fine). Returns (dx_rows, dw1, dw2, d_row_score)."""
+    need_x, need_w1, need_w2, need_scores = ctx.needs_input_grad[:4]
+    d_out = grad_out.to(torch.bfloat16).contiguous()
+    d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
+                                                    partial_rows=partial_rows)
+    d_row_score = d_score_partial.sum(dim=1) if need_scores else None
+    dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows) if need_x else None
+    has_rows = (offsets[1:] > offsets[:-1]).view(-1, 1, 1)
+    ends = offsets[1:]
+    zero = torch.zeros((), dtype=torch.bfloat16, device=x.device)
+    dw1 = dw2 = None
+    if need_w2:  # interim (K5): gathered copy of dO
+        d_out_rows = d_out[gather_idx.long()]
+        dw2 = torch.where(has_rows, torch._grouped_mm(d_out_rows.t(), a_scaled, offs=ends), zero)
+    if need_w1:  # interim (K7): gathered copy of x
+        dw1 = torch.where(has_rows, torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends), zero)
+    return dx_rows, dw1, dw2, d_row_score
+
+
 class _MoEExperts(torch.autograd.Function):
-    """Expert MLPs and combine for given routing; see the module docstring for the interim parts."""
+    """Expert MLPs and combine for given routing (T, K).
+
+    Saves x, H, the scores and the int32 routing metadata (the weights are the caller's
+    parameters); H only when a graph is built. Backward: _experts_backward, then K8 (dX as a
+    gather-and-sum by combine)."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, scores, experts):
-        meta = routing_metadata(experts, w2.shape[0])
-        # No H: the interim backward recomputes instead of reading it.
-        _, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=False)
+    def forward(ctx, x, w1, w2, scores, experts, keep_h):
+        meta = device_routing_metadata(experts, w2.shape[0])
+        h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h)
         y = grouped_gemm(a, w2, meta.expert_offsets)
-        ctx.save_for_backward(x, w1, w2, scores, experts)
+        if keep_h:
+            ctx.save_for_backward(x, w1, w2, scores, h, *meta)
         return combine(y, scores, meta.rev_idx)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, w1, w2, scores, experts = ctx.saved_tensors
-        inputs = (x, w1, w2, scores)
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, ctx.needs_input_grad)]
-            out = reference.moe_routed(*leaves, experts)
-            wanted = [t for t in leaves if t.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, grad_out.to(out.dtype)) if wanted else [])
-        result = [next(grads).to(t.dtype) if need else None
-                  for t, need in zip(inputs, ctx.needs_input_grad)]
-        return (*result, None)
+        x, w1, w2, scores, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
+        rows = rev_idx.reshape(-1).long()
+        row_score = scores.new_empty(gather_idx.shape[0])
+        row_score[rows] = scores.reshape(-1)
+        dx_rows, dw1, dw2, d_row_score = _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets,
+                                                           gather_idx, partial_rows=False)
+        dscores = d_row_score[rows].view(scores.shape) if d_row_score is not None else None
+        dx = combine(dx_rows, torch.ones_like(scores), rev_idx).to(x.dtype) if dx_rows is not None else None
+        return dx, dw1, dw2, dscores, None, None
+
+
+class _MoEDenseExperts(torch.autograd.Function):
+    """Expert MLPs and combine for a dense (T, E) assignment (token rounding) on the kernels: the
+    sorted layout lives in upper-bound buffers (the row count is known only on the device), the
+    kernels run with partial_rows, combine walks each token's entries. Saves x, H and the
+    metadata; backward: _experts_backward, dX by combine_csr, dscores scattered to (T, E)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, scores, assigned, top_k, tile, keep_h):
+        T, E = assigned.shape
+        meta = dense_routing_metadata(scores, assigned, dense_row_bound(T, E, top_k, tile))
+        h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h, partial_rows=True)
+        y = grouped_gemm(a, w2, meta.expert_offsets, tile_config="varlen_pingpong_128x128x64",
+                         partial_rows=True)
+        if keep_h:
+            ctx.save_for_backward(x, w1, w2, h, meta.expert_offsets, meta.gather_idx, meta.token_offsets,
+                                  meta.rows, meta.sorted_scores)
+            ctx.dense_shape = (T, E)
+        return combine_csr(y, meta.row_scores, meta.rows, meta.token_offsets)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w1, w2, h, offsets, gather_idx, token_offsets, rows, sorted_scores = ctx.saved_tensors
+        dx_rows, dw1, dw2, d_row_score = _experts_backward(ctx, grad_out, x, w1, w2, h, sorted_scores,
+                                                           offsets, gather_idx, partial_rows=True)
+        dx = dscores = None
+        if dx_rows is not None:
+            ones = torch.ones(rows.shape, dtype=torch.float32, device=x.device)
+            dx = combine_csr(dx_rows, ones, rows, token_offsets).to(x.dtype)
+        if d_row_score is not None:
+            # Sorted row r < M holds (gather_idx[r], e) with off[e] <= r < off[e+1]; rows past M
+            # go to a spare slot that is dropped (no host sync).
+            T, E = ctx.dense_shape
+            r = torch.arange(rows.shape[0], dtype=torch.int32, device=x.device)
+            expert = torch.searchsorted(offsets[1:], r, right=True)
+            flat = torch.where(r < offsets[-1], gather_idx.long() * E + expert, T * E)
+            dscores = torch.zeros(T * E + 1, dtype=torch.float32, device=x.device)
+            dscores = dscores.scatter_(0, flat, d_row_score)[: T * E].view(T, E)
+        return dx, dw1, dw2, dscores, None, None, None, None
 
 
 def moe_routed(x, w1, w2, scores, experts):
@@ -95,7 +168,7 @@ def moe_routed(x, w1, w2, scores, experts):
     _check_one_device(x, w1, w2, scores, experts)
     if not _kernel_path(x, w1, w2):
         return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
-    return _MoEExperts.apply(x, w1, w2, scores.float(), experts)
+    return _MoEExperts.apply(x, w1, w2, scores.float(), experts, _grad_enabled_for(x, w1, w2, scores))
 
 
 def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, rule="nearest"):
@@ -112,13 +185,54 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         raise ValueError(f"router_weight: expected shape (E, d) with d = {d}, got {_shape(router_weight)}")
     top_k = reference._check_top_k(top_k, router_weight.shape[0])
     if routing == "token_rounding":
-        if x.device.type != "cpu":
-            raise NotImplementedError(
-                "routing='token_rounding' runs on the reference path only for now (CPU tensors, "
-                "or sonicmoe.reference.moe); the kernels take (T, K) routing until the "
-                "token-rounding issue lands its variable-K metadata")
-        return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
+        if x.device.type == "cpu" or not _kernel_path(x, w1, w2):
+            return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
+        x2 = x.reshape(-1, d)
+        scores, assigned = token_rounding(F.linear(x2, router_weight).float(), top_k, tile, rule)
+        keep_h = _grad_enabled_for(x2, w1, w2, scores)
+        return _MoEDenseExperts.apply(x2, w1, w2, scores, assigned, top_k, tile, keep_h).reshape(x.shape)
     x2 = x.reshape(-1, d)
-    logits = F.linear(x2, router_weight).float()
-    scores, experts = scores_from_logits(logits, top_k, routing)
+    logits = F.linear(x2, router_weight)
+    kernel_router = router_weight.shape[0] <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K
+    if x2.is_cuda and extension_available() and kernel_router:
+        scores, experts = _RouterTopK.apply(logits, top_k, routing)
+    else:
+        scores, experts = scores_from_logits(logits.float(), top_k, routing)
     return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)
+
+
+class _RouterTopK(torch.autograd.Function):
+    """R: top-K choice and fp32 scores in one kernel; backward in PyTorch (T x E, small).
+
+    topk_softmax and softmax_topk_norm are both the softmax over the chosen logits; softmax_topk
+    is the full softmax at the chosen experts. Only softmax_topk needs the logits in backward
+    (every expert's probability); the other modes save just scores and experts (T x E less)."""
+
+    @staticmethod
+    def forward(ctx, logits, top_k, routing):
+        scores, experts = router_topk(logits, top_k, routing)
+        ctx.mark_non_differentiable(experts)
+        ctx.save_for_backward(logits if routing == "softmax_topk" else None, scores, experts)
+        ctx.routing, ctx.logits_shape, ctx.logits_dtype = routing, logits.shape, logits.dtype
+        return scores, experts
+
+    @staticmethod
+    def backward(ctx, grad_scores, _grad_experts):
+        logits, scores, experts = ctx.saved_tensors
+        grad = router_scores_backward(logits, scores, experts, grad_scores, ctx.routing,
+                                      num_experts=ctx.logits_shape[-1])
+        return grad.to(ctx.logits_dtype), None, None
+
+
+def router_scores_backward(logits, scores, experts, grad_scores, routing, num_experts=None):
+    """d(loss)/d(logits) (T, E) fp32 from d(loss)/d(scores) (T, K) of a top-K router. logits are
+    read only by softmax_topk; the other modes may pass None with num_experts."""
+    idx = experts.long()
+    num_experts = logits.shape[-1] if num_experts is None else num_experts
+    weighted = grad_scores.float() * scores.float()
+    if routing == "softmax_topk":
+        probs = logits.float().softmax(dim=-1)
+        grad = torch.zeros_like(probs).scatter_(1, idx, weighted)
+        return grad - probs * weighted.sum(dim=-1, keepdim=True)
+    chosen = weighted - scores.float() * weighted.sum(dim=-1, keepdim=True)
+    return chosen.new_zeros(chosen.shape[0], num_experts).scatter_(1, idx, chosen)

@@ -100,3 +100,42 @@ def test_combine_empty_and_opcheck_and_graph():
     torch.cuda.synchronize()
     ref = reference(y, scores, rev_idx)
     assert float((out.double() - ref).norm() / ref.norm()) <= 1e-2
+
+
+# ---------------------------------------------------------------- combine_csr (token rounding)
+
+@requires_extension
+@pytest.mark.parametrize("args,exc,message", [
+    ((torch.zeros(4, 8).bfloat16(), torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.int32),
+      torch.zeros(2, dtype=torch.int32)), TypeError, "combine_csr: row_scores.dtype = Double breaks the rule"),
+    ((torch.zeros(4, 8).bfloat16(), torch.zeros(3), torch.zeros(2, dtype=torch.int32),
+      torch.zeros(2, dtype=torch.int32)), ValueError, "combine_csr: rows.shape = [2] breaks the rule: must equal"),
+    ((torch.zeros(4, 6).bfloat16(), torch.zeros(3), torch.zeros(3, dtype=torch.int32),
+      torch.zeros(2, dtype=torch.int32)), ValueError, "combine: d = 6 breaks the rule"),
+    ((torch.zeros(4, 8).bfloat16(), torch.zeros(3), torch.zeros(3, dtype=torch.int32),
+      torch.zeros(2, dtype=torch.int32)), ValueError, "combine_csr: y.device = cpu breaks the rule"),
+])
+def test_combine_csr_rejects(args, exc, message):
+    with pytest.raises(exc, match=re.escape(message)):
+        torch.ops.sonicmoe.combine_csr(*args)
+
+
+@requires_hopper
+@pytest.mark.parametrize("T,rows,max_per_token,d", [(0, 5, 3, 64), (1, 10, 40, 128), (1000, 5000, 12, 1536),
+                                                    (333, 2000, 70, 264)])
+def test_combine_csr_matches_torch(T, rows, max_per_token, d):
+    gen = torch.Generator(device="cuda").manual_seed(T + d)
+    y = torch.randn(rows, d, device="cuda", generator=gen).bfloat16()
+    per_token = torch.randint(0, max_per_token + 1, (T,), device="cuda", generator=gen)
+    offsets = torch.zeros(T + 1, dtype=torch.int32, device="cuda")
+    offsets[1:] = per_token.cumsum(0)
+    entries = int(offsets[-1])
+    slack = 7  # entries past token_offsets[T] are never read
+    idx = torch.randint(0, rows, (entries + slack,), device="cuda", generator=gen, dtype=torch.int32)
+    scores = torch.rand(entries + slack, device="cuda", generator=gen)
+    out = sonicmoe.combine_csr(y, scores, idx, offsets)
+    token = torch.repeat_interleave(torch.arange(T, device="cuda"), per_token)
+    ref = torch.zeros(T, d, device="cuda").index_add_(0, token, scores[:entries, None] * y[idx[:entries].long()].float())
+    assert out.shape == (T, d)
+    if T:
+        assert ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)) <= 1e-2

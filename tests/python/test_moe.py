@@ -189,3 +189,58 @@ def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph():
         torch.cuda.synchronize()
         expected = sonicmoe.moe(x, router, w1, w2, 2)
     assert torch.equal(captured, expected)  # deterministic kernels, same routing
+
+
+@requires_hopper
+def test_no_grad_with_trainable_weights_writes_no_h():
+    # Parameters that require grad under torch.no_grad (evaluation of a training model): no
+    # graph is built, so the forward must not write H (T*K x 2n, the largest buffer here).
+    gen = generator("cuda", "no-h")
+    T, d, n, E, K = 1024, 256, 1024, 16, 2
+    x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    for t in (router, w1, w2):
+        t.requires_grad_(True)
+    h_bytes = T * K * 2 * n * 2
+    with torch.no_grad():
+        sonicmoe.moe(x, router, w1, w2, K)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        sonicmoe.moe(x, router, w1, w2, K)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() - before < h_bytes
+
+
+@requires_hopper
+def test_backward_saves_only_x_h_scores_and_metadata():
+    # DESIGN §3: besides the caller's own tensors (x and the parameters), the layer keeps H, the
+    # scores and int32 routing metadata for backward, nothing else (no A, no Y, no logits).
+    gen = generator("cuda", "saved")
+    T, d, n, E, K = 512, 256, 128, 16, 4
+    x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    for t in (x, router, w1, w2):
+        t.requires_grad_(True)
+    own = {t.data_ptr() for t in (x, router, w1, w2)}
+    saved = []
+
+    def pack(t):
+        if t.data_ptr() not in own:
+            saved.append((tuple(t.shape), t.dtype, t.data_ptr(), t.numel() * t.element_size()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = sonicmoe.moe(x, router, w1, w2, K)
+    distinct = {ptr: (shape, dtype, size) for shape, dtype, ptr, size in saved}
+    print("saved beyond x and the parameters:")
+    for shape, dtype, size in distinct.values():
+        print(f"  {str(shape):<16} {str(dtype):<16} {size} bytes")
+    M = T * K
+    expected = sorted([((M, 2 * n), torch.bfloat16),       # H
+                       ((T, K), torch.float32),            # scores
+                       ((T, K), torch.int32),              # expert ids
+                       ((E + 1,), torch.int32),            # expert_offsets
+                       ((M,), torch.int32),                # gather_idx
+                       ((T, K), torch.int32)], key=str)    # rev_idx
+    assert sorted(((s, dt) for s, dt, _ in distinct.values()), key=str) == expected
+    out.float().sum().backward()
+    assert all(t.grad is not None for t in (x, router, w1, w2))

@@ -7,7 +7,7 @@ import torch
 
 import sonicmoe
 from sonicmoe import reference
-from sonicmoe.routing import token_rounding
+from sonicmoe.routing import _assign_by_sort, _rounded_counts, token_rounding
 
 DEVICES = [
     "cpu",
@@ -74,6 +74,27 @@ def test_deterministic_for_a_fixed_input(device):
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rule", ["nearest", "up", "down"])
+@pytest.mark.parametrize("T,E,K,tile,ties", [
+    (1000, 16, 2, 32, False), (4096, 64, 8, 128, False), (300, 8, 1, 128, False),
+    (50, 4, 2, 128, False), (2000, 256, 8, 16, True), (700, 32, 4, 64, True), (5, 3, 1, 1, False),
+])
+def test_bounded_topk_matches_the_sort(device, rule, T, E, K, tile, ties):
+    # The fp32 path (bounded top-k) and the float64 path (the rule as a sort) pick the same
+    # tokens, ties included (coarse logits repeat probabilities; the tie goes to the lower token).
+    logits = make_logits(T, E, device, (T, E, K, "sort")).float()
+    if ties:
+        logits = (logits * 2).round() / 2
+    probs = logits.softmax(-1)
+    chosen = torch.zeros(T, E, dtype=torch.bool, device=device)
+    chosen.scatter_(1, logits.topk(K, -1).indices, True)
+    _, fast = token_rounding(logits, K, tile, rule)
+    target = _rounded_counts(chosen.sum(0), T, tile, rule)
+    assert torch.equal(fast, _assign_by_sort(probs, chosen, target)), "different tokens"
+    check_invariants(logits, K, tile, rule)
+
+
 def test_tiles_already_full_change_nothing():
     # Every expert receives exactly 2 tiles of tokens under top-1: rounding is the identity.
     T, E, tile = 512, 2, 128
@@ -119,3 +140,100 @@ def test_cuda_graph_capture_proves_no_host_sync():
     graph.replay()
     expected = token_rounding(logits, 8, 128)
     assert torch.equal(scores, expected[0]) and torch.equal(assigned, expected[1])
+
+
+# ---------------------------------------------------------------- the kernel path (GPU)
+
+from conftest import requires_hopper  # noqa: E402
+
+KERNEL_CASES = [(1000, 256, 128, 16, 2, 128, "nearest"), (4096, 512, 256, 64, 8, 128, "up"),
+                (300, 128, 64, 8, 1, 64, "down"), (1, 128, 64, 8, 2, 128, "nearest")]
+
+
+@requires_hopper
+@pytest.mark.parametrize("T,d,n,E,K,tile,rule", KERNEL_CASES)
+def test_moe_token_rounding_on_the_kernels(T, d, n, E, K, tile, rule):
+    from sonicmoe.routing import dense_routing_metadata, dense_row_bound
+
+    gen = torch.Generator(device="cuda").manual_seed(T + E)
+    x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    router = (torch.randn(E, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16()
+    out = sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding", tile=tile, rule=rule)
+    # The same routing decisions, then the fp32 reference.
+    scores, assigned = token_rounding(torch.nn.functional.linear(x, router).float(), K, tile, rule)
+    ref = reference.moe_dense_routed(x.float(), w1.float(), w2.float(), scores, assigned)
+    assert torch.isfinite(out).all()
+    if not ref.any():  # rounding down dropped every pair: the layer outputs exact zeros
+        assert not out.any()
+    else:
+        assert ((out.float() - ref).norm() / ref.norm()) <= 1e-2
+    meta = dense_routing_metadata(scores, assigned, dense_row_bound(T, E, K, tile))
+    assert int(meta.expert_offsets[-1]) == int(assigned.sum())
+
+
+@requires_hopper
+def test_token_rounding_forward_captures_in_a_cuda_graph():
+    x = torch.randn(2048, 256, device="cuda").bfloat16()
+    router = (torch.randn(32, 256, device="cuda") * 0.06).bfloat16()
+    w1 = (torch.randn(32, 256, 256, device="cuda") * 0.06).bfloat16()
+    w2 = (torch.randn(32, 256, 128, device="cuda") * 0.09).bfloat16()
+    with torch.no_grad():
+        sonicmoe.moe(x, router, w1, w2, 4, routing="token_rounding")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = sonicmoe.moe(x, router, w1, w2, 4, routing="token_rounding")
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        again = sonicmoe.moe(x, router, w1, w2, 4, routing="token_rounding")
+    assert torch.equal(out, again)
+
+
+@requires_hopper
+@pytest.mark.parametrize("T,d,n,E,K,tile,rule", KERNEL_CASES)
+def test_token_rounding_backward_on_the_kernels(T, d, n, E, K, tile, rule):
+    # The kernels' backward over the dense layout against the fp32 reference with the same
+    # routing decisions: dx, dw1, dw2 and dscores (at the assigned pairs; zero elsewhere).
+    from sonicmoe.functional import _MoEDenseExperts
+
+    gen = torch.Generator(device="cuda").manual_seed(T * 7 + E)
+    x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    router = (torch.randn(E, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16()
+    scores, assigned = token_rounding(torch.nn.functional.linear(x, router).float(), K, tile, rule)
+    grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    leaves = [t.detach().requires_grad_() for t in (x, w1, w2, scores)]
+    out = _MoEDenseExperts.apply(*leaves, assigned, K, tile, True)
+    out.backward(grad)
+    ref_leaves = [t.detach().float().requires_grad_() for t in (x, w1, w2, scores)]
+    reference.moe_dense_routed(*ref_leaves, assigned).backward(grad.float())
+
+    def rel(a, b):
+        return float((a.float() - b).norm() / b.norm().clamp_min(1e-30))
+
+    for name, got, want in zip(("dx", "dw1", "dw2"), leaves[:3], ref_leaves[:3]):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel(got.grad, want.grad) <= 1e-2, name
+    ds, want_ds = leaves[3].grad, ref_leaves[3].grad
+    assert rel(ds[assigned], want_ds[assigned]) <= 1e-2
+    assert not ds[~assigned].any()
+    idle = ~assigned.any(dim=0)  # experts with no tokens: exactly zero weight gradient
+    assert not leaves[1].grad[idle].any() and not leaves[2].grad[idle].any()
+
+
+@requires_hopper
+def test_token_rounding_layer_trains_on_the_kernels():
+    # Through sonicmoe.moe: the router, x and the weights all get finite, nonzero gradients.
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    T, d, n, E, K = 2048, 256, 128, 32, 4
+    x = torch.randn(T, d, device="cuda", generator=gen).bfloat16().requires_grad_()
+    router = (torch.randn(E, d, device="cuda", generator=gen) * d**-0.5).bfloat16().requires_grad_()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16().requires_grad_()
+    sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding").square().mean().backward()
+    for name, t in (("x", x), ("router", router), ("w1", w1), ("w2", w2)):
+        assert torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0, name

@@ -1,8 +1,9 @@
 // Mainloop of the sm90 varlen-M grouped GEMMs: a producer that fills a ring of shared-memory
 // stages and a consumer warpgroup that runs WGMMA over them.
 //
-// B (the expert weights, (E, rows, k) bf16, k contiguous) always arrives by TMA from one 3-D
-// descriptor (k, rows, E), in boxes of 64 rows. Each box's row origin comes from the epilogue
+// B (the expert weights) always arrives by TMA from one 3-D descriptor, in boxes of 64 of its N
+// columns: either K-major, weights (E, N, k) with k contiguous (out = A @ W^T: K1, K2), or
+// N-major, weights (E, k, N) with N contiguous (out = A @ W: the backward's dO @ w2 and dH @ w1). Each box's row origin comes from the epilogue
 // policy, so the SwiGLU up-projection can put gate rows and the matching up rows of the public
 // concatenated w1 into one tile without a weight copy.
 // A (the activations) arrives either
@@ -26,13 +27,14 @@
 
 namespace sonicmoe::sm90 {
 
-template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_>
+template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kKMajorB_ = true>
 struct VarlenMainloop {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
   static constexpr int kTileK = kTileK_;
   static constexpr int kStages = kStages_;
   static constexpr bool kGatherA = kGatherA_;
+  static constexpr bool kKMajorB = kKMajorB_;
   static constexpr int kBoxRowsB = 64;  // rows of one B TMA box (one swizzle-aligned half tile)
   static constexpr int kBoxesB = kTileN / kBoxRowsB;
   static constexpr int kProducerThreads = 128;
@@ -43,13 +45,20 @@ struct VarlenMainloop {
   using SmemLayoutA = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW128_Atom<Element>{},
       cute::Shape<cute::Int<kTileM>, cute::Int<kTileK>, cute::Int<kStages>>{}));
-  using SmemLayoutB = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kTileN>, cute::Int<kTileK>, cute::Int<kStages>>{}));
+  // N-major B: 64 (N) x 8 (k) swizzle atoms, k-atoms first, so each 64-column half of the tile
+  // is one contiguous 8 KB block, exactly what one TMA box of 64 columns x 64 k rows writes.
+  using SmemLayoutB = cute::conditional_t<
+      kKMajorB,
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                   cute::Shape<cute::Int<kTileN>, cute::Int<kTileK>, cute::Int<kStages>>{})),
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                                   cute::Shape<cute::Int<kTileN>, cute::Int<kTileK>, cute::Int<kStages>>{},
+                                   cute::Step<cute::_2, cute::_1, cute::_3>{}))>;
   // One warpgroup computes a whole kTileM x kTileN tile (ping-pong: the other warpgroup holds
   // the next tile), issuing kTileM / 64 WGMMAs per k step.
   using TiledMma = decltype(cute::make_tiled_mma(
-      cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
+      cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K,
+                                          kKMajorB ? cute::GMMA::Major::K : cute::GMMA::Major::MN>{}));
   static_assert(kTileN == 128, "the MMA atom is 64x128");
 
   static constexpr uint32_t kBytesA = kTileM * kTileK * sizeof(Element);
@@ -71,7 +80,7 @@ struct VarlenMainloop {
 
   struct Params {
     CUtensorMap tma_a;  // (k, m_total) over the sorted rows; unused when gathering
-    CUtensorMap tma_b;  // (k, rows, E) over the weights
+    CUtensorMap tma_b;  // (k, N, E) over K-major weights, (N, k, E) over N-major ones
     const Element* gather_src = nullptr;       // x, (num_tokens, k), when gathering
     const int32_t* gather_idx = nullptr;       // sorted row -> token, when gathering
     int gather_src_rows = 0;                   // num_tokens: gather_idx must stay below it
@@ -140,9 +149,12 @@ struct VarlenMainloop {
         }
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kBoxesB; ++i) {
-          SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint,
-                                 s.b + stage * kTileN * kTileK + i * kBoxRowsB * kTileK, k0,
-                                 b_rows[i], tile.expert);
+          Element* box = s.b + stage * kTileN * kTileK + i * kBoxRowsB * kTileK;
+          if constexpr (kKMajorB) {
+            SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint, box, k0, b_rows[i], tile.expert);
+          } else {
+            SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint, box, b_rows[i], k0, tile.expert);
+          }
         }
       }
       if constexpr (kGatherA) {

@@ -182,4 +182,85 @@ struct SwiGLUEpilogue {
   }
 };
 
+// K4 (backward through the down-projection and SwiGLU). The accumulators are dA' = dO[gather] @ w2[e]
+// over 128 of the n columns; with H (kept by K1) and the row's score s:
+//   A = silu(gate) * up, dA = s * dA',
+//   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
+// v1 stores straight from registers (bf16 pairs) and reads H the same way; the dS partial of each
+// row and 128-column block goes to its own slot, summed over blocks in a fixed order later
+// (deterministic, no atomics).
+template <int kTileM, int kTileN>
+struct DSwiGLUEpilogue {
+  using Tile = EpilogueTile<kTileM, kTileN>;
+  using Element = typename Tile::Element;
+  static constexpr int kBoxRowsB = 64;
+
+  struct Params {
+    const Element* h = nullptr;       // (m_total, 2n)
+    const float* row_score = nullptr;  // (m_total)
+    Element* d_h = nullptr;           // (m_total, 2n)
+    Element* a_scaled = nullptr;      // (m_total, n)
+    float* d_score_partial = nullptr;  // (m_total, n_blocks)
+    int n = 0;
+  };
+
+  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
+  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
+    cute::array<int, kTileN / kBoxRowsB> cols;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kTileN / kBoxRowsB; ++i) cols[i] = t.n_block * kTileN + i * kBoxRowsB;
+    return cols;
+  }
+
+  template <class Accumulator, class Coords>
+  static __device__ void store(const Params& p, Element*, const Accumulator& accum, const Coords& coords,
+                               const VarlenTile& t, int, int) {
+    using namespace cute;
+    const int col0 = t.n_block * kTileN;
+    const int64_t h_pitch = 2 * int64_t(p.n);
+    const int blocks = n_blocks(p);
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < size<1>(accum); ++m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int r = get<0>(coords(make_coord(make_coord(0, v1, 0), m, 0)));
+        const bool row_ok = r < t.rows;
+        const int64_t row = t.row_start + r;
+        const float score = row_ok ? p.row_score[row] : 0.f;
+        float d_score = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size<0, 2>(accum); ++j) {
+          const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j), m, 0)));
+          if (!row_ok || col >= p.n) continue;
+          const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + col);
+          const __nv_bfloat162 u2 = *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + p.n + col);
+          const float2 g = __bfloat1622float2(g2), u = __bfloat1622float2(u2);
+          float dg[2], du[2], as[2];
+          CUTLASS_PRAGMA_UNROLL
+          for (int v0 = 0; v0 < 2; ++v0) {
+            const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
+            const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
+            const float sig = 1.0f / (1.0f + __expf(-gate));
+            const float silu = gate * sig;
+            const float a = silu * up;
+            d_score = fmaf(d_a_prime, a, d_score);
+            const float d_a = score * d_a_prime;
+            dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
+            du[v0] = d_a * silu;
+            as[v0] = score * a;
+          }
+          *reinterpret_cast<__nv_bfloat162*>(p.d_h + row * h_pitch + col) = __floats2bfloat162_rn(dg[0], dg[1]);
+          *reinterpret_cast<__nv_bfloat162*>(p.d_h + row * h_pitch + p.n + col) =
+              __floats2bfloat162_rn(du[0], du[1]);
+          *reinterpret_cast<__nv_bfloat162*>(p.a_scaled + row * p.n + col) = __floats2bfloat162_rn(as[0], as[1]);
+        }
+        // The 4 lanes of a quad hold the same row's columns: sum them in a fixed order.
+        d_score += __shfl_xor_sync(0xffffffffu, d_score, 1);
+        d_score += __shfl_xor_sync(0xffffffffu, d_score, 2);
+        if (row_ok && threadIdx.x % 4 == 0) p.d_score_partial[row * blocks + t.n_block] = d_score;
+      }
+    }
+  }
+};
+
 }  // namespace sonicmoe::sm90

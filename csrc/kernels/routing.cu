@@ -1,0 +1,288 @@
+// Routing R (DESIGN §4): router top-K with scores, and the sorted-layout metadata, in four small
+// launches and no host sync. Plain CUDA, arch-generic.
+//
+// router_topk: one warp per token holds its E logits in registers (E <= 1024), picks the K largest
+// by K warp arg-max rounds (ties to the lower expert id, so the choice is deterministic) and
+// writes fp32 scores by the routing mode.
+// sorted layout: tokens are cut into chunks of kChunkTokens; (1) a per-chunk histogram of expert
+// ids, (2) one block turns the histograms into expert_offsets and per-chunk bases, (3) each chunk
+// places its (token, k) pairs: a pair's row is its expert's base in that chunk plus the number of
+// earlier pairs of the chunk with the same expert (warp match, warps in order). Rows within an
+// expert are therefore in (token, k) order, exactly as a stable sort would give, with integer
+// counts only: deterministic.
+#include <cub/block/block_scan.cuh>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "sonicmoe.h"
+
+namespace sonicmoe {
+namespace {
+
+constexpr int kTopkWarpsPerBlock = 8;
+constexpr int kMaxSlots = kMaxRouterExperts / 32;  // logits per lane
+constexpr int kScanThreads = 1024;
+static_assert(kMaxRouterExperts <= kScanThreads, "one scan thread per expert");
+
+__device__ __forceinline__ float load_logit(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float load_logit(const __nv_bfloat16* p) { return __bfloat162float(p[0]); }
+
+// (value, expert) a beats b: larger value, then lower expert id.
+__device__ __forceinline__ bool beats(float va, int ea, float vb, int eb) {
+  return va > vb || (va == vb && ea < eb);
+}
+
+template <class Logit>
+__global__ void __launch_bounds__(kTopkWarpsPerBlock * 32)
+router_topk_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
+                   int mode, float* __restrict__ scores, int32_t* __restrict__ experts) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kTopkWarpsPerBlock + threadIdx.x / 32;
+  if (t >= num_tokens) return;
+  const Logit* row = logits + t * num_experts;
+
+  float v[kMaxSlots];
+#pragma unroll
+  for (int s = 0; s < kMaxSlots; ++s) {
+    const int e = s * 32 + lane;
+    v[s] = e < num_experts ? load_logit(row + e) : -INFINITY;
+  }
+
+  // K rounds of warp arg-max; lane k keeps the k-th choice.
+  float my_value = -INFINITY;
+  int my_expert = 0;
+  for (int k = 0; k < top_k; ++k) {
+    float best = -INFINITY;
+    int best_e = INT_MAX;
+#pragma unroll
+    for (int s = 0; s < kMaxSlots; ++s) {
+      const int e = s * 32 + lane;
+      if (e < num_experts && beats(v[s], e, best, best_e)) {
+        best = v[s];
+        best_e = e;
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
+      if (beats(other, other_e, best, best_e)) {
+        best = other;
+        best_e = other_e;
+      }
+    }
+    if (lane == k) {
+      my_value = best;
+      my_expert = best_e;
+    }
+#pragma unroll
+    for (int s = 0; s < kMaxSlots; ++s)
+      if (s * 32 + lane == best_e) v[s] = -INFINITY;  // taken: never chosen again
+  }
+
+  // Softmax pieces, all relative to the largest logit (the first choice).
+  const float top = __shfl_sync(0xffffffffu, my_value, 0);
+  const float mine = lane < top_k ? __expf(my_value - top) : 0.f;
+  float chosen_sum = mine;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) chosen_sum += __shfl_xor_sync(0xffffffffu, chosen_sum, offset);
+  float denominator = chosen_sum;  // topk_softmax and softmax_topk_norm: over the K chosen
+  if (mode == static_cast<int>(RouterMode::kSoftmaxTopk)) {
+    float all = 0.f;  // over all E: the chosen (now -inf in v) plus the rest
+#pragma unroll
+    for (int s = 0; s < kMaxSlots; ++s)
+      if (s * 32 + lane < num_experts && v[s] != -INFINITY) all += __expf(v[s] - top);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) all += __shfl_xor_sync(0xffffffffu, all, offset);
+    denominator = all + chosen_sum;
+  }
+  if (lane < top_k) {
+    scores[t * top_k + lane] = mine / denominator;
+    experts[t * top_k + lane] = my_expert;
+  }
+}
+
+// (1) Per-chunk expert histogram; traps on an expert id outside [0, E).
+template <class Index>
+__global__ void expert_histogram_kernel(const Index* __restrict__ experts, int64_t num_pairs,
+                                        int pairs_per_chunk, int num_experts,
+                                        int32_t* __restrict__ chunk_counts) {
+  extern __shared__ int32_t counts[];
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  const int64_t i = int64_t(blockIdx.x) * pairs_per_chunk + threadIdx.x;
+  if (threadIdx.x < pairs_per_chunk && i < num_pairs) {
+    const int64_t e = experts[i];
+    if (e < 0 || e >= num_experts) {
+      printf("sonicmoe routing: experts[%lld] = %lld is outside [0, %d)\n", static_cast<long long>(i),
+             static_cast<long long>(e), num_experts);
+      __trap();
+    }
+    atomicAdd(&counts[e], 1);  // integer: the total does not depend on the order
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
+    chunk_counts[int64_t(blockIdx.x) * num_experts + e] = counts[e];
+}
+
+// (2) One block: expert totals, their exclusive scan (expert_offsets), and each chunk's first row
+// per expert, written over the chunk counts.
+__global__ void __launch_bounds__(kScanThreads)
+expert_offsets_kernel(int32_t* __restrict__ chunk_counts, int num_chunks, int num_experts,
+                      int32_t* __restrict__ expert_offsets) {
+  using Scan = cub::BlockScan<int32_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  const int e = threadIdx.x;
+  int32_t total = 0;
+  if (e < num_experts)
+    for (int c = 0; c < num_chunks; ++c) total += chunk_counts[int64_t(c) * num_experts + e];
+  int32_t start = 0, all = 0;
+  Scan(scan_storage).ExclusiveSum(total, start, all);
+  if (e < num_experts) {
+    expert_offsets[e] = start;
+    int32_t base = start;
+    for (int c = 0; c < num_chunks; ++c) {
+      int32_t* slot = chunk_counts + int64_t(c) * num_experts + e;
+      const int32_t count = *slot;
+      *slot = base;
+      base += count;
+    }
+  }
+  if (e == 0) expert_offsets[num_experts] = all;
+}
+
+// (3) Rows of the chunk's pairs; warps take turns so that rows follow (token, k) order.
+template <class Index>
+__global__ void sorted_layout_kernel(const Index* __restrict__ experts, int64_t num_pairs,
+                                     int pairs_per_chunk, int top_k, int num_experts,
+                                     const int32_t* __restrict__ chunk_bases,
+                                     int32_t* __restrict__ gather_idx, int32_t* __restrict__ rev_idx) {
+  extern __shared__ int32_t next_row[];
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
+    next_row[e] = chunk_bases[int64_t(blockIdx.x) * num_experts + e];
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t i = int64_t(blockIdx.x) * pairs_per_chunk + threadIdx.x;
+  const bool valid = threadIdx.x < pairs_per_chunk && i < num_pairs;
+  const int e = valid ? static_cast<int>(experts[i]) : -1;
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(same & ((1u << lane) - 1));
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+    if (warp == w && valid) {
+      const int32_t row = next_row[e] + rank;
+      __syncwarp(same);
+      if (rank == 0) next_row[e] += __popc(same);
+      gather_idx[row] = static_cast<int32_t>(i / top_k);
+      rev_idx[i] = row;
+    }
+    __syncthreads();
+  }
+}
+
+int chunk_pairs(int top_k) { return kRoutingChunkTokens * top_k; }
+
+}  // namespace
+
+std::string check_router_topk(const RouterTopkParams& p) {
+  auto rule = [](const char* name, int64_t v, const std::string& r) {
+    return std::string("router_topk: ") + name + " = " + std::to_string(v) + " breaks the rule: " + r;
+  };
+  if (p.num_tokens < 0 || p.num_tokens > INT32_MAX) return rule("num_tokens", p.num_tokens, "must be in [0, 2^31 - 1]");
+  if (p.num_experts < 1 || p.num_experts > kMaxRouterExperts)
+    return rule("num_experts", p.num_experts,
+                "must be in [1, " + std::to_string(kMaxRouterExperts) + "] (one warp holds a token's logits)");
+  if (p.top_k < 1 || p.top_k > p.num_experts || p.top_k > kMaxRouterTopK)
+    return rule("top_k", p.top_k, "must be in [1, min(num_experts, " + std::to_string(kMaxRouterTopK) + ")]");
+  if (p.mode < 0 || p.mode > 2) return rule("mode", p.mode, "must name a RouterMode (0, 1 or 2)");
+  return {};
+}
+
+Status run_router_topk(const RouterTopkParams& p) {
+  const std::string problem = check_router_topk(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.num_tokens == 0) return Status::success();
+  if (p.logits == nullptr || p.scores == nullptr || p.experts == nullptr)
+    return Status::error("router_topk: logits, scores and experts must be non-null");
+  const int blocks = static_cast<int>((p.num_tokens + kTopkWarpsPerBlock - 1) / kTopkWarpsPerBlock);
+  if (p.logits_bf16) {
+    router_topk_kernel<<<blocks, kTopkWarpsPerBlock * 32, 0, p.stream>>>(
+        static_cast<const __nv_bfloat16*>(p.logits), p.num_tokens, p.num_experts, p.top_k, p.mode,
+        p.scores, p.experts);
+  } else {
+    router_topk_kernel<<<blocks, kTopkWarpsPerBlock * 32, 0, p.stream>>>(
+        static_cast<const float*>(p.logits), p.num_tokens, p.num_experts, p.top_k, p.mode, p.scores,
+        p.experts);
+  }
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+std::string check_sorted_layout(const SortedLayoutParams& p) {
+  auto rule = [](const char* name, int64_t v, const std::string& r) {
+    return std::string("routing_metadata: ") + name + " = " + std::to_string(v) + " breaks the rule: " + r;
+  };
+  if (p.num_experts < 1 || p.num_experts > kMaxRouterExperts)
+    return rule("num_experts", p.num_experts, "must be in [1, " + std::to_string(kMaxRouterExperts) + "]");
+  if (p.top_k < 1 || p.top_k > kMaxRouterTopK)
+    return rule("top_k", p.top_k, "must be in [1, " + std::to_string(kMaxRouterTopK) + "]");
+  if (p.num_tokens < 0 || p.num_tokens * p.top_k > INT32_MAX)
+    return rule("num_tokens", p.num_tokens, "num_tokens * top_k rows must fit in int32");
+  return {};
+}
+
+size_t sorted_layout_workspace_size(int64_t num_tokens, int num_experts) {
+  const int64_t chunks = (num_tokens + kRoutingChunkTokens - 1) / kRoutingChunkTokens;
+  return static_cast<size_t>(chunks) * num_experts * sizeof(int32_t);
+}
+
+Status run_sorted_layout(const SortedLayoutParams& p) {
+  const std::string problem = check_sorted_layout(p);
+  if (!problem.empty()) return Status::error(problem);
+  // With no tokens only expert_offsets (all zero) is written: the other buffers may be empty.
+  if (p.expert_offsets == nullptr ||
+      (p.num_tokens > 0 && (p.experts == nullptr || p.workspace == nullptr || p.gather_idx == nullptr ||
+                            p.rev_idx == nullptr)))
+    return Status::error("routing_metadata: experts, expert_offsets, gather_idx, rev_idx and workspace must be non-null");
+  if (p.workspace_bytes < sorted_layout_workspace_size(p.num_tokens, p.num_experts))
+    return Status::error("routing_metadata: workspace of " + std::to_string(p.workspace_bytes) +
+                         " bytes is smaller than the " +
+                         std::to_string(sorted_layout_workspace_size(p.num_tokens, p.num_experts)) + " needed");
+  const int64_t pairs = p.num_tokens * p.top_k;
+  const int chunks = static_cast<int>((p.num_tokens + kRoutingChunkTokens - 1) / kRoutingChunkTokens);
+  const int per_chunk = chunk_pairs(p.top_k);
+  const size_t smem = size_t(p.num_experts) * sizeof(int32_t);
+  auto* counts = static_cast<int32_t*>(p.workspace);
+  if (chunks > 0) {
+    if (p.experts_int64) {
+      expert_histogram_kernel<<<chunks, per_chunk, smem, p.stream>>>(
+          static_cast<const int64_t*>(p.experts), pairs, per_chunk, p.num_experts, counts);
+    } else {
+      expert_histogram_kernel<<<chunks, per_chunk, smem, p.stream>>>(
+          static_cast<const int32_t*>(p.experts), pairs, per_chunk, p.num_experts, counts);
+    }
+    SONICMOE_CUDA_TRY(cudaGetLastError());
+  }
+  expert_offsets_kernel<<<1, kScanThreads, 0, p.stream>>>(counts, chunks, p.num_experts, p.expert_offsets);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  if (chunks > 0) {
+    if (p.experts_int64) {
+      sorted_layout_kernel<<<chunks, per_chunk, smem, p.stream>>>(
+          static_cast<const int64_t*>(p.experts), pairs, per_chunk, p.top_k, p.num_experts, counts,
+          p.gather_idx, p.rev_idx);
+    } else {
+      sorted_layout_kernel<<<chunks, per_chunk, smem, p.stream>>>(
+          static_cast<const int32_t*>(p.experts), pairs, per_chunk, p.top_k, p.num_experts, counts,
+          p.gather_idx, p.rev_idx);
+    }
+    SONICMOE_CUDA_TRY(cudaGetLastError());
+  }
+  return Status::success();
+}
+
+}  // namespace sonicmoe

@@ -1,0 +1,110 @@
+// torch.ops.sonicmoe.router_topk and routing_metadata (routing R): validation, allocation, launch.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <climits>
+#include <tuple>
+
+#include "sonicmoe.h"
+#include "torch/checks.h"
+#include "torch/ops.h"
+
+namespace sonicmoe::torch_ops {
+namespace {
+
+void check_router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mode) {
+  constexpr const char* kOp = "router_topk";
+  check_arg(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, kOp,
+            "logits.dtype", c10::toString(logits.scalar_type()), "must be Float or BFloat16");
+  check_dim(kOp, logits, "logits", 2, "(T, E)");
+  check_contiguous(kOp, logits, "logits");
+  RouterTopkParams p;
+  p.num_tokens = logits.size(0);
+  p.num_experts = static_cast<int>(std::min<int64_t>(logits.size(1), INT32_MAX));
+  p.top_k = static_cast<int>(std::clamp<int64_t>(top_k, INT32_MIN, INT32_MAX));
+  p.mode = static_cast<int>(std::clamp<int64_t>(mode, INT32_MIN, INT32_MAX));
+  const std::string problem = check_router_topk(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+void check_routing_metadata_args(const at::Tensor& experts, int64_t num_experts) {
+  constexpr const char* kOp = "routing_metadata";
+  check_arg(experts.scalar_type() == at::kInt || experts.scalar_type() == at::kLong, kOp,
+            "experts.dtype", c10::toString(experts.scalar_type()), "must be Int or Long");
+  check_dim(kOp, experts, "experts", 2, "(T, K)");
+  check_contiguous(kOp, experts, "experts");
+  SortedLayoutParams p;
+  p.num_tokens = experts.size(0);
+  p.top_k = static_cast<int>(std::min<int64_t>(experts.size(1), INT32_MAX));
+  p.num_experts = static_cast<int>(std::clamp<int64_t>(num_experts, INT32_MIN, INT32_MAX));
+  const std::string problem = check_sorted_layout(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode) {
+  check_router_topk_args(logits, top_k, mode);
+  check_same_cuda_device("router_topk", {{&logits, "logits"}});
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor scores = at::empty({logits.size(0), top_k}, logits.options().dtype(at::kFloat));
+  at::Tensor experts = at::empty({logits.size(0), top_k}, logits.options().dtype(at::kInt));
+  RouterTopkParams p;
+  p.logits = logits.data_ptr();
+  p.logits_bf16 = logits.scalar_type() == at::kBFloat16;
+  p.num_tokens = logits.size(0);
+  p.num_experts = static_cast<int>(logits.size(1));
+  p.top_k = static_cast<int>(top_k);
+  p.mode = static_cast<int>(mode);
+  p.scores = scores.data_ptr<float>();
+  p.experts = experts.data_ptr<int32_t>();
+  p.stream = c10::cuda::getCurrentCUDAStream(logits.get_device()).stream();
+  const Status status = run_router_topk(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return {scores, experts};
+}
+
+std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode) {
+  check_router_topk_args(logits, top_k, mode);
+  check_same_cuda_device("router_topk", {{&logits, "logits"}});  // raises: CPU
+  return {};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::Tensor& experts,
+                                                                     int64_t num_experts) {
+  check_routing_metadata_args(experts, num_experts);
+  check_same_cuda_device("routing_metadata", {{&experts, "experts"}});
+  const c10::cuda::CUDAGuard guard(experts.device());
+  const auto int_options = experts.options().dtype(at::kInt);
+  at::Tensor offsets = at::empty({num_experts + 1}, int_options);
+  at::Tensor gather_idx = at::empty({experts.numel()}, int_options);
+  at::Tensor rev_idx = at::empty(experts.sizes(), int_options);
+  SortedLayoutParams p;
+  p.experts = experts.data_ptr();
+  p.experts_int64 = experts.scalar_type() == at::kLong;
+  p.num_tokens = experts.size(0);
+  p.top_k = static_cast<int>(experts.size(1));
+  p.num_experts = static_cast<int>(num_experts);
+  p.expert_offsets = offsets.data_ptr<int32_t>();
+  p.gather_idx = gather_idx.data_ptr<int32_t>();
+  p.rev_idx = rev_idx.data_ptr<int32_t>();
+  p.workspace_bytes = sorted_layout_workspace_size(p.num_tokens, p.num_experts);
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(std::max<size_t>(p.workspace_bytes, 4))}, experts.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  p.stream = c10::cuda::getCurrentCUDAStream(experts.get_device()).stream();
+  const Status status = run_sorted_layout(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return {offsets, gather_idx, rev_idx};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cpu(const at::Tensor& experts,
+                                                                    int64_t num_experts) {
+  check_routing_metadata_args(experts, num_experts);
+  check_same_cuda_device("routing_metadata", {{&experts, "experts"}});  // raises: CPU
+  return {};
+}
+
+}  // namespace sonicmoe::torch_ops

@@ -1,0 +1,64 @@
+"""K6 (grouped_gemm_kn) and K4 (down_proj_grad) against fp32 torch, on the GPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sonicmoe
+from conftest import requires_hopper
+from test_grouped_gemm import generator, offsets_from_counts, random_counts
+
+pytestmark = [requires_hopper, pytest.mark.usefixtures("fp32_matmul_reference")]
+
+
+def rel(a, b):
+    return ((a.float() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("k,n_out,E", [(512, 1536, 128), (2048, 4096, 16), (72, 136, 8), (8, 8, 1)])
+def test_grouped_gemm_kn(k, n_out, E):
+    gen = generator("kn", k, n_out, E)
+    counts = random_counts(3000, E, gen)
+    a = torch.randn(sum(counts), k, device="cuda", generator=gen).bfloat16()
+    b = (torch.randn(E, k, n_out, device="cuda", generator=gen) * k**-0.5).bfloat16()
+    offs = offsets_from_counts(counts)
+    torch.full((a.shape[0] * n_out,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = sonicmoe.grouped_gemm_kn(a, b, offs)
+    ref = torch.empty(a.shape[0], n_out, device="cuda")
+    bounds = offs.tolist()
+    for e in range(E):
+        ref[bounds[e]:bounds[e + 1]] = a[bounds[e]:bounds[e + 1]].float() @ b[e].float()
+    assert torch.isfinite(out).all()
+    assert rel(out, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("T,d,n,E,K", [(700, 1536, 256, 128, 8), (300, 256, 200, 8, 2), (50, 64, 64, 4, 1)])
+def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K):
+    gen = generator("k4", T, d, n, E, K)
+    x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
+    w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16()
+    scores, experts = torch.rand(T, E, device="cuda", generator=gen).softmax(-1).topk(K, dim=-1)
+    d_out = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    meta = sonicmoe.routing_metadata(experts, E)
+    h, _ = sonicmoe.up_proj(x, w1, meta.expert_offsets, meta.gather_idx)
+    rows = meta.rev_idx.reshape(-1).long()
+    row_score = scores.new_empty(rows.numel())
+    row_score[rows] = scores.reshape(-1)
+    d_h, a_scaled, ds_part = sonicmoe.down_proj_grad(d_out, w2, h, row_score, meta.expert_offsets,
+                                                     meta.gather_idx)
+    # fp32 spec from the same H
+    hf = h.float()
+    gate, up = hf[:, :n], hf[:, n:]
+    a = F.silu(gate) * up
+    d_out_rows = d_out.float()[meta.gather_idx.long()]
+    d_a_prime = torch.empty_like(a)
+    bounds = meta.expert_offsets.tolist()
+    for e in range(E):
+        d_a_prime[bounds[e]:bounds[e + 1]] = d_out_rows[bounds[e]:bounds[e + 1]] @ w2[e].float()
+    sig = torch.sigmoid(gate)
+    d_a = row_score[:, None] * d_a_prime
+    want_d_h = torch.cat([d_a * up * sig * (1 + gate * (1 - sig)), d_a * gate * sig], dim=1)
+    assert rel(d_h, want_d_h) <= 1e-2
+    assert rel(a_scaled, row_score[:, None] * a) <= 1e-2
+    assert rel(ds_part.sum(1), (d_a_prime * a).sum(1)) <= 1e-2

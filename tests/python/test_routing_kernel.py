@@ -1,0 +1,119 @@
+"""Routing R: torch.ops.sonicmoe.router_topk and routing_metadata against the pure-PyTorch
+routing (GPU), their validation messages (CPU), and the router's score backward (CPU)."""
+
+import re
+
+import pytest
+import torch
+
+import sonicmoe
+from conftest import requires_extension, requires_hopper
+from sonicmoe.functional import router_scores_backward
+from sonicmoe.routing import routing_metadata, scores_from_logits
+
+ROUTINGS = ["topk_softmax", "softmax_topk", "softmax_topk_norm"]
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_router_scores_backward_matches_autograd(routing):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, 12, generator=gen, dtype=torch.float64, requires_grad=True)
+    scores, experts = scores_from_logits(logits, 3, routing)
+    grad = torch.randn(scores.shape, generator=gen, dtype=torch.float64)
+    (want,) = torch.autograd.grad(scores, logits, grad)
+    got = router_scores_backward(logits.detach(), scores.detach(), experts, grad, routing)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    if routing != "softmax_topk":  # what _RouterTopK saves for these modes: no logits
+        lean = router_scores_backward(None, scores.detach(), experts, grad, routing, num_experts=12)
+        torch.testing.assert_close(lean.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@requires_extension
+@pytest.mark.parametrize("args,exc,message", [
+    ((torch.zeros(4, 8, dtype=torch.float16), 2, 0), ValueError,
+     "router_topk: logits.dtype = Half breaks the rule: must be Float or BFloat16"),
+    ((torch.zeros(4, 8), 9, 0), ValueError, "router_topk: top_k = 9 breaks the rule: must be in [1, min(num_experts, 32)]"),
+    ((torch.zeros(4, 2048), 2, 0), ValueError, "router_topk: num_experts = 2048 breaks the rule: must be in [1, 1024]"),
+    ((torch.zeros(4, 8), 2, 3), ValueError, "router_topk: mode = 3 breaks the rule"),
+    ((torch.zeros(4, 8), 2, 0), ValueError, "router_topk: logits.device = cpu breaks the rule: must be a CUDA device"),
+])
+def test_router_topk_rejects(args, exc, message):
+    with pytest.raises(exc, match=re.escape(message)):
+        torch.ops.sonicmoe.router_topk(*args)
+
+
+@requires_extension
+@pytest.mark.parametrize("args,message", [
+    ((torch.zeros(4, 2), 8), "routing_metadata: experts.dtype = Float breaks the rule: must be Int or Long"),
+    ((torch.zeros(4, 2, dtype=torch.int32), 0), "routing_metadata: num_experts = 0 breaks the rule"),
+    ((torch.zeros(4, 33, dtype=torch.int32), 64), "routing_metadata: top_k = 33 breaks the rule"),
+    ((torch.zeros(4, 2, dtype=torch.int32), 8), "routing_metadata: experts.device = cpu breaks the rule"),
+])
+def test_routing_metadata_rejects(args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch.ops.sonicmoe.routing_metadata(*args)
+
+
+@requires_hopper
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 1), (1000, 128, 8), (777, 256, 8), (300, 1024, 32),
+                                   (513, 33, 5)])
+def test_router_topk_matches_torch(routing, T, E, K):
+    gen = torch.Generator(device="cuda").manual_seed(T + E + K)
+    # Well separated logits: a near-tie may pick either expert (DESIGN §7). Distinct and within
+    # [0, 8), so no probability underflows to a tie at 0 under the full softmax.
+    spread = 8.0 / (E * max(T, 1))
+    logits = torch.randperm(E * max(T, 1), device="cuda", generator=gen)[: T * E].view(T, E).float() * spread
+    scores, experts = sonicmoe.router_topk(logits, K, routing)
+    want_scores, want_experts = scores_from_logits(logits, K, routing)
+    assert experts.dtype == torch.int32 and scores.dtype == torch.float32
+    assert torch.equal(experts.long(), want_experts)
+    torch.testing.assert_close(scores, want_scores, rtol=1e-5, atol=1e-6)
+    bf16_scores, bf16_experts = sonicmoe.router_topk(logits.bfloat16(), K, routing)
+    want_scores, want_experts = scores_from_logits(logits.bfloat16().float(), K, routing)
+    torch.testing.assert_close(bf16_scores, want_scores, rtol=1e-5, atol=1e-6)
+
+
+@requires_hopper
+@pytest.mark.parametrize("T,E,K,skew", [(0, 8, 2, False), (1, 4, 1, False), (1000, 128, 8, False),
+                                        (4097, 256, 8, True), (333, 1024, 32, False), (64, 7, 7, False)])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_routing_metadata_matches_torch(T, E, K, skew, index_dtype):
+    gen = torch.Generator(device="cuda").manual_seed(T * 3 + E)
+    logits = torch.rand(T, E, device="cuda", generator=gen)
+    if skew:
+        logits[:, 0] += 1.0       # a hot expert
+        logits[:, E // 2:] -= 5.0  # idle ones
+    experts = logits.topk(K, dim=-1).indices.to(index_dtype)
+    got = sonicmoe.device_routing_metadata(experts, E)
+    want = routing_metadata(experts, E)
+    for name in ("expert_offsets", "gather_idx", "rev_idx"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@requires_hopper
+def test_routing_is_capturable_and_deterministic():
+    E, K = 64, 4
+    logits = torch.randn(2000, E, device="cuda")
+    sonicmoe.router_topk(logits, K, "topk_softmax")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scores, experts = sonicmoe.router_topk(logits, K, "topk_softmax")
+        meta = sonicmoe.device_routing_metadata(experts, E)
+    logits.copy_(torch.randn_like(logits))
+    graph.replay()
+    torch.cuda.synchronize()
+    first = [t.clone() for t in (scores, experts, *meta)]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(first, (scores, experts, *meta)))
+    assert torch.equal(meta.gather_idx, routing_metadata(experts, E).gather_idx)
+
+
+@requires_hopper
+def test_opcheck():
+    logits = torch.randn(100, 16, device="cuda")
+    torch.library.opcheck(torch.ops.sonicmoe.router_topk, (logits, 4, 1))
+    experts = logits.topk(4, dim=-1).indices.int()
+    torch.library.opcheck(torch.ops.sonicmoe.routing_metadata, (experts, 16))
