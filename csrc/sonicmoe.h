@@ -141,6 +141,32 @@ constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial sl
 std::string check_down_proj_grad(const DownProjGradParams& params);
 Status run_down_proj_grad(const DownProjGradParams& params);
 
+// Expert weight gradients (K5 and K7 of DESIGN §4), varlen-K grouped GEMMs: for each expert e,
+//   out[e] = sum over the sorted rows r of e of  a_row(r)^T b_row(r)   (m_out x n_out, fp32
+//   accumulate, bf16 out)
+// where the gathered operand's row r is its row gather_idx[r] and the other's is its row r:
+//   gather_a: a (num_tokens, m_out), b (m_total, n_out)   K5: dW2 = dO[gather]^T A'
+//   else:     a (m_total, m_out), b (num_tokens, n_out)   K7: dW1 = dH^T x[gather]
+// The gather runs inside the loads (no gathered copy). An expert with no rows gets exact zeros.
+struct WeightGradParams {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const int32_t* expert_offsets = nullptr;  // (num_experts + 1), device
+  const int32_t* gather_idx = nullptr;      // (m_total), sorted row -> token, device
+  void* out = nullptr;                      // (num_experts, m_out, n_out) bf16
+  int64_t num_tokens = 0;
+  int64_t m_total = 0;
+  int64_t m_out = 0;
+  int64_t n_out = 0;
+  int num_experts = 0;
+  bool gather_a = true;
+  int sm_count = 0;
+  bool partial_rows = false;  // as in GroupedGemmParams
+  cudaStream_t stream = nullptr;
+};
+std::string check_weight_grad(const WeightGradParams& params);
+Status run_weight_grad(const WeightGradParams& params);
+
 // Combine (K3 of DESIGN §4): out[t, :] = sum_k scores[t, k] * y[rev_idx[t, k], :].
 // Deterministic (a fixed summation order, no atomics), fp32 accumulation, bf16 out.
 struct CombineParams {

@@ -28,4 +28,7 @@ Status run_down_proj_grad(const DownProjGradParams& params);
 // K1 (run_up_proj of sonicmoe.h) once the host rules have passed.
 Status run_up_proj(const UpProjParams& params);
 
+// K5 / K7 (run_weight_grad of sonicmoe.h) once the host rules have passed.
+Status run_weight_grad(const WeightGradParams& params);
+
 }  // namespace sonicmoe::sm90

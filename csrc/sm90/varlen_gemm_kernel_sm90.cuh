@@ -1,6 +1,7 @@
-// The sm90 varlen-M grouped GEMM kernel: composition of the tile scheduler
-// (varlen_tile_scheduler.cuh), a mainloop (collective/varlen_mainloop_sm90.cuh) and an
-// epilogue (fusion/varlen_epilogue_sm90.cuh).
+// The sm90 varlen grouped GEMM kernel: composition of a tile scheduler (varlen_tile_scheduler.cuh),
+// a mainloop (collective/varlen_mainloop_sm90.cuh for varlen M: K1, K2, K4, K6;
+// collective/varlen_k_mainloop_sm90.cuh for varlen K: K5, K7) and an epilogue
+// (fusion/varlen_epilogue_sm90.cuh).
 //
 // 384 threads: warpgroup 0 produces (TMA, or cp.async gather plus TMA), warpgroups 1 and 2
 // consume in ping-pong: they take alternate tiles of the CTA's persistent sequence, so one
@@ -18,17 +19,18 @@
 
 namespace sonicmoe::sm90 {
 
-template <class Mainloop_, class Epilogue_>
+template <class Mainloop_, class Epilogue_, class Scheduler_ = VarlenTileScheduler<Mainloop_::kTileM>>
 struct VarlenGemmKernel {
   using Mainloop = Mainloop_;
   using Epilogue = Epilogue_;
+  using Scheduler = Scheduler_;
   static constexpr int kTileM = Mainloop::kTileM;
   static constexpr int kTileN = Mainloop::kTileN;
   static constexpr int kThreads = 384;
   // The gathering producer holds row tokens and cp.async addresses; at 56 registers it spilled
   // in its k loop (ncu: ~0.9M local-memory requests per call, K1 stalled on them).
-  static constexpr int kProducerRegs = Mainloop::kGatherA ? 72 : 40;
-  static constexpr int kConsumerRegs = Mainloop::kGatherA ? 216 : 232;
+  static constexpr int kProducerRegs = Mainloop::kCpAsyncProducer ? 72 : 40;
+  static constexpr int kConsumerRegs = Mainloop::kCpAsyncProducer ? 216 : 232;
   using EpilogueSmem = typename Epilogue::Tile::SmemTile;
 
   struct SharedStorage {
@@ -49,6 +51,7 @@ struct VarlenGemmKernel {
     int num_experts = 0;
     int m_total = 0;
     bool rows_end_early = false;  // offsets[E] <= m_total; rows past it are not written
+    int m_out = 0;                // varlen K: output rows per expert (the scheduler's m blocks)
   };
 
   // Every CTA checks the offsets before touching memory: a bad offset would otherwise become
@@ -80,7 +83,7 @@ struct VarlenGemmKernel {
     __syncthreads();
 
     const int n_blocks = Epilogue::n_blocks(p.epilogue);
-    VarlenTileScheduler<kTileM> scheduler(p.expert_offsets, p.num_experts, n_blocks);
+    Scheduler scheduler = Scheduler::make(p, n_blocks);
     VarlenTile tile;
     int iteration = 0;  // k steps of this CTA so far: the position in the stage ring
 
@@ -100,17 +103,18 @@ struct VarlenGemmKernel {
     auto thr_mma = tiled_mma.get_thread_slice(thread_in_warpgroup);
     Tensor accum = partition_fragment_C(tiled_mma, Shape<Int<kTileM>, Int<kTileN>>{});
     Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
-    const int k_tiles = Mainloop::k_tiles(p.mainloop);
     const bool warp_leader = thread_in_warpgroup % 32 == 0;
     for (int j = 0; scheduler.next(tile); ++j) {
-      if (j % 2 != consumer) continue;
+      if (j % 2 != consumer) {  // the other consumer's tile: skip its k steps in the ring
+        iteration += Mainloop::k_tiles(p.mainloop, tile);
+        continue;
+      }
       // Ping-pong order: tile j's mainloop starts once tile j - 1's has been issued by the
       // other consumer. Besides alternating the tensor cores between the two, this keeps every
       // wait on a stage barrier within one phase of that barrier: a consumer skips the other's
       // k steps, and a parity wait more than one phase ahead would pass on stale data.
       if (j > 0) cutlass::arch::ClusterBarrier::wait(&s.mma_turn[consumer], ((j - 1) / 2) & 1);
-      iteration = j * k_tiles;
-      Mainloop::mma(p.mainloop, s.mainloop, s.stage_barriers, accum, iteration, thread_in_warpgroup);
+      Mainloop::mma(p.mainloop, s.mainloop, s.stage_barriers, accum, tile, iteration, thread_in_warpgroup);
       if (warp_leader) cutlass::arch::ClusterBarrier::arrive(&s.mma_turn[1 - consumer]);
       Epilogue::store(p.epilogue, s.epilogue[consumer], accum, coords, tile, thread_in_warpgroup,
                       /*barrier_id=*/consumer);

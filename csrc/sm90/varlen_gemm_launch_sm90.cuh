@@ -79,17 +79,16 @@ Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, in
   return make_bf16_tensor_map(map, a, 2, dims, strides, box, "a");
 }
 
-// Fills the routing fields of params and launches the persistent grid on `stream`.
+// Fills the routing fields of params and launches the persistent grid on `stream`: one CTA
+// per SM, or per tile where there are fewer tiles (at most max_tiles).
 template <class Kernel>
-Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
-                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
-                          bool rows_end_early) {
+Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_offsets,
+                         int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
+                         bool rows_end_early, int64_t max_tiles) {
   params.rows_end_early = rows_end_early;
   params.expert_offsets = expert_offsets;
   params.num_experts = num_experts;
   params.m_total = static_cast<int>(m_total);
-  const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
-  const int64_t max_tiles = varlen_max_tiles(m_total, num_experts, Kernel::kTileM, n_blocks);
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sm_count, max_tiles)));
   auto* kernel = &varlen_gemm_kernel<Kernel>;
   SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -97,6 +96,28 @@ Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert
   kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
+}
+
+// Varlen M (K1, K2, K4, K6): ceil(rows / kTileM) m blocks per expert.
+template <class Kernel>
+Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
+                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
+                          bool rows_end_early) {
+  const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
+  return launch_persistent<Kernel>(params, expert_offsets, m_total, num_experts, sm_count, stream,
+                                   rows_end_early,
+                                   varlen_max_tiles(m_total, num_experts, Kernel::kTileM, n_blocks));
+}
+
+// Varlen K (K5, K7): a fixed m_out x n_out output per expert, params.m_out set by the caller.
+template <class Kernel>
+Status launch_varlen_k_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
+                            int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
+                            bool rows_end_early) {
+  const int64_t m_blocks = (params.m_out + Kernel::kTileM - 1) / Kernel::kTileM;
+  const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
+  return launch_persistent<Kernel>(params, expert_offsets, m_total, num_experts, sm_count, stream,
+                                   rows_end_early, int64_t(num_experts) * m_blocks * n_blocks);
 }
 
 // The tile shape both varlen kernels use (measured: docs/perf-notes.md).

@@ -28,6 +28,10 @@ TORCH_LIBRARY(sonicmoe, m) {
   // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
   m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
         "Tensor gather_idx, bool partial_rows=False) -> (Tensor, Tensor, Tensor)");
+  // K5 / K7: out[e] = sum over rows r of e of a_row(r)^T b_row(r), the gathered operand's row r
+  // being its row gather_idx[r] (a's when gather_a); see WeightGradParams in sonicmoe.h.
+  m.def("weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a, "
+        "bool partial_rows=False) -> Tensor");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.
@@ -42,6 +46,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cuda);
   m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cuda);
   m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cuda);
+  m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cuda);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cuda);
 }
 
@@ -53,5 +58,6 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cpu);
   m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cpu);
   m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cpu);
+  m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cpu);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cpu);
 }

@@ -29,6 +29,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
     const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows);
 
+// weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a,
+//             bool partial_rows) -> Tensor (num_experts, m_out, n_out)
+at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows);
+at::Tensor weight_grad_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                           const at::Tensor& gather_idx, bool gather_a, bool partial_rows);
+
 // up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True)
 //   -> (Tensor h, Tensor a)
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,

@@ -1,14 +1,14 @@
 """SonicMoE: fast, memory-lean Mixture-of-Experts training kernels for Hopper GPUs.
 
-Landed so far: the fused up-projection (K1: gather + grouped GEMM + SwiGLU), the varlen-M
-grouped GEMM (K2), the combine kernel (K3), the pure-PyTorch reference MoE, the routing
-metadata helpers, and sonicmoe.moe / moe_routed / MoE on top of them (interim backward: see
-sonicmoe.functional).
+Kernels: routing (R), the fused up-projection (K1: gather + grouped GEMM + SwiGLU), the
+grouped GEMMs (K2, K6), combine (K3, K8), the backward through the down-projection and SwiGLU
+(K4) and the expert weight gradients (K5, K7); the pure-PyTorch reference MoE; and
+sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
 """
 
 from . import reference
 from ._ops import (GEMM_TILE_CONFIGS, combine, combine_csr, device_routing_metadata, down_proj_grad,
-                   extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
+                   extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj, weight_grad)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -30,5 +30,6 @@ __all__ = [
     "router_topk",
     "routing_metadata",
     "up_proj",
+    "weight_grad",
 ]
 __version__ = "0.1.0"

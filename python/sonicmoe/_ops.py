@@ -74,6 +74,16 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
                                              partial_rows)
 
 
+def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False):
+    """K5 / K7: per expert e, out[e] = sum over its sorted rows r of a_row(r)^T b_row(r), fp32
+    accumulation, bf16 (E, a.shape[1], b.shape[1]). The gathered operand's row r is its row
+    gather_idx[r] (a's when gather_a: dW2 = weight_grad(dO, A', ..., True); else b's: dW1 =
+    weight_grad(dH, x, ..., False)), gathered inside the kernel's loads. Experts without rows get
+    exact zeros. partial_rows as in grouped_gemm."""
+    _require_extension()
+    return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows)
+
+
 def up_proj(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -165,6 +175,11 @@ if _C is not None:
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
         return a.new_empty((a.shape[0], b.shape[2]))
+
+    @torch.library.register_fake("sonicmoe::weight_grad")
+    def _weight_grad_fake(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False):
+        torch._check(a.dim() == 2 and b.dim() == 2, lambda: "weight_grad: a and b must be 2-D")
+        return a.new_empty((expert_offsets.shape[0] - 1, a.shape[1], b.shape[1]))
 
     @torch.library.register_fake("sonicmoe::down_proj_grad")
     def _down_proj_grad_fake(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False):

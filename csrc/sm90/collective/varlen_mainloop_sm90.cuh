@@ -25,6 +25,8 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/bfloat16.h"
 
+#include "sm90/collective/wgmma_consumer_sm90.cuh"
+
 namespace sonicmoe::sm90 {
 
 template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kKMajorB_ = true>
@@ -34,6 +36,7 @@ struct VarlenMainloop {
   static constexpr int kTileK = kTileK_;
   static constexpr int kStages = kStages_;
   static constexpr bool kGatherA = kGatherA_;
+  static constexpr bool kCpAsyncProducer = kGatherA;  // producer threads copy (register budget)
   static constexpr bool kKMajorB = kKMajorB_;
   static constexpr int kBoxRowsB = 64;  // rows of one B TMA box (one swizzle-aligned half tile)
   static constexpr int kBoxesB = kTileN / kBoxRowsB;
@@ -67,16 +70,8 @@ struct VarlenMainloop {
   static constexpr uint32_t kFullArrivals = kGatherA ? 1 + kProducerThreads : 1;
   static constexpr uint32_t kEmptyArrivals = 4;  // one per warp of the consuming warpgroup
 
-  // Stage buffers (whole multiples of 1024 bytes, so no padding) and, apart from them, the
-  // stage barriers: the kernel packs both with its epilogue buffers into 227 KB.
-  struct SharedStorage {
-    alignas(1024) Element a[cute::cosize_v<SmemLayoutA>];
-    alignas(1024) Element b[cute::cosize_v<SmemLayoutB>];
-  };
-  struct Barriers {
-    uint64_t full[kStages];
-    uint64_t empty[kStages];
-  };
+  using SharedStorage = StageBuffers<Element, SmemLayoutA, SmemLayoutB>;
+  using Barriers = StageBarriers<kStages>;
 
   struct Params {
     CUtensorMap tma_a;  // (k, m_total) over the sorted rows; unused when gathering
@@ -87,15 +82,10 @@ struct VarlenMainloop {
     int k = 0;
   };
 
-  static __device__ int k_tiles(const Params& p) { return (p.k + kTileK - 1) / kTileK; }
+  template <class Tile>
+  static __device__ int k_tiles(const Params& p, const Tile&) { return (p.k + kTileK - 1) / kTileK; }
 
-  static __device__ void init_barriers(Barriers& s) {
-    for (int i = 0; i < kStages; ++i) {
-      cutlass::arch::ClusterTransactionBarrier::init(&s.full[i], kFullArrivals);
-      cutlass::arch::ClusterBarrier::init(&s.empty[i], kEmptyArrivals);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  static __device__ void init_barriers(Barriers& s) { s.init(kFullArrivals, kEmptyArrivals); }
 
   static __device__ void prefetch_descriptors(const Params& p) {
     if constexpr (!kGatherA) cute::prefetch_tma_descriptor(&p.tma_a);
@@ -134,7 +124,7 @@ struct VarlenMainloop {
       }
     }
 
-    const int num_k_tiles = k_tiles(p);
+    const int num_k_tiles = k_tiles(p, tile);
     for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
       const int stage = iteration % kStages;
       const uint32_t phase = (iteration / kStages) & 1;
@@ -176,55 +166,15 @@ struct VarlenMainloop {
     if constexpr (kGatherA) asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
 
-  // Consumer side of one tile: accum = A_tile @ B_tile^T over all k steps, releasing each
-  // stage once the WGMMAs reading it have completed. Called by one whole warpgroup.
-  template <class Accumulator>
+  // Consumer side of one tile: accum = A_tile @ B_tile^T over all k steps (wgmma_consumer_sm90.cuh).
+  // Called by one whole warpgroup.
+  template <class Accumulator, class Tile>
   static __device__ void mma(const Params& p, SharedStorage& s, Barriers& bar, Accumulator& accum,
-                             int& iteration,
-                             int thread_idx_in_warpgroup) {
-    using namespace cute;
-    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemLayoutB{});
-    TiledMma tiled_mma;
-    auto thr_mma = tiled_mma.get_thread_slice(thread_idx_in_warpgroup);
-    Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
-    Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-    const bool releases = thread_idx_in_warpgroup % 32 == 0;
-
-    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-    warpgroup_fence_operand(accum);
-    const int num_k_tiles = k_tiles(p);
-    int previous_stage = -1;
-    for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
-      const int stage = iteration % kStages;
-      cutlass::arch::ClusterBarrier::wait(&bar.full[stage], (iteration / kStages) & 1);
-      // cp.async wrote the A stage through the generic proxy; WGMMA reads it through the
-      // async proxy.
-      if constexpr (kGatherA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      warpgroup_arrive();
-      CUTLASS_PRAGMA_UNROLL
-      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-        cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), accum);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<1>();  // the previous step's WGMMAs are done: its stage can be refilled
-      if (previous_stage >= 0 && releases) cutlass::arch::ClusterBarrier::arrive(&bar.empty[previous_stage]);
-      previous_stage = stage;
-    }
-    warpgroup_wait<0>();
-    if (releases) cutlass::arch::ClusterBarrier::arrive(&bar.empty[previous_stage]);
-    warpgroup_fence_operand(accum);
+                             const Tile& tile, int& iteration, int thread_idx_in_warpgroup) {
+    consume_stages<TiledMma, SmemLayoutA, SmemLayoutB, kStages, /*cp_async_operand=*/kGatherA>(
+        s.a, s.b, bar.full, bar.empty, accum, k_tiles(p, tile), iteration, thread_idx_in_warpgroup);
   }
 
- private:
-  static __device__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
-    const uint32_t dst = cute::cast_smem_ptr_to_uint(smem_dst);
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(gmem_src), "r"(src_bytes)
-                 : "memory");
-  }
 };
 
 }  // namespace sonicmoe::sm90

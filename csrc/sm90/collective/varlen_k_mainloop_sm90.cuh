@@ -1,0 +1,125 @@
+// Mainloop of the sm90 varlen-K grouped GEMMs (the expert weight gradients K5 and K7):
+// out[e] = sum over the sorted rows r of expert e of a_row(r)^T b_row(r), so the reduction runs
+// along the expert's rows, whose number only the device knows.
+//
+// Both operands are row-major sources read along their rows (M, resp. N, contiguous), so in
+// shared memory both are MN-major (WGMMA transposes them on the fly). One of them is gathered:
+// its row r is src[gather_idx[r]] (dO for dW2, x for dW1), the other is read at row r (A' for
+// dW2, dH for dW1). Hopper's TMA cannot gather, so the 128 producer threads copy both with
+// cp.async in 16-byte chunks, zero-filling rows past the expert's end and columns past the
+// output's edge; each thread's copies arrive on the stage's barrier when they land.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/bfloat16.h"
+
+#include "sm90/collective/wgmma_consumer_sm90.cuh"
+
+namespace sonicmoe::sm90 {
+
+template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_>
+struct VarlenKMainloop {
+  static constexpr int kTileM = kTileM_;
+  static constexpr int kTileN = kTileN_;
+  static constexpr int kTileK = kTileK_;  // rows of the sorted layout per stage
+  static constexpr int kStages = kStages_;
+  static constexpr bool kGatherA = kGatherA_;  // else B is the gathered operand
+  static constexpr bool kCpAsyncProducer = true;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kBoxesB = 2;  // the epilogue's B box origins, unused: no TMA here
+  static_assert(kTileM == 128 && kTileN == 128, "the MMA atom is 64x128, two per tile");
+
+  using Element = cutlass::bfloat16_t;
+  // MN-major 64 x 8 swizzle atoms, k-atoms first (CUTLASS's order for MN-major operands).
+  using SmemLayoutA = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kTileM>, cute::Int<kTileK>, cute::Int<kStages>>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using SmemLayoutB = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kTileN>, cute::Int<kTileK>, cute::Int<kStages>>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>{}));
+
+  static constexpr uint32_t kFullArrivals = kProducerThreads;  // cp.async arrivals only
+  static constexpr uint32_t kEmptyArrivals = 4;                // one per consumer warp
+
+  using SharedStorage = StageBuffers<Element, SmemLayoutA, SmemLayoutB>;
+  using Barriers = StageBarriers<kStages>;
+
+  struct Params {
+    const Element* a = nullptr;           // (gathered ? num_tokens : m_total, m_out)
+    const Element* b = nullptr;           // (gathered ? num_tokens : m_total, n_out)
+    const int32_t* gather_idx = nullptr;  // sorted row -> token
+    int gather_src_rows = 0;              // num_tokens: gather_idx must stay below it
+    int m_out = 0;
+    int n_out = 0;
+  };
+
+  // An expert without rows still takes one k step, of zero-filled stages, so its tiles store
+  // exact zeros through the ordinary path (a separate zeroing branch made ptxas spill accum).
+  template <class Tile>
+  static __device__ int k_tiles(const Params&, const Tile& tile) {
+    return max(1, (tile.k_rows + kTileK - 1) / kTileK);
+  }
+
+  static __device__ void init_barriers(Barriers& s) { s.init(kFullArrivals, kEmptyArrivals); }
+
+  static __device__ void prefetch_descriptors(const Params&) {}
+
+  // Producer side of one tile (all 128 producer threads). Thread t copies chunk t % 16 (8
+  // columns) of sorted rows t / 16 + 8 j, j < 8, of both operands in every stage.
+  template <class Tile, class BoxRows>
+  static __device__ void load(const Params& p, SharedStorage& s, Barriers& bar, const Tile& tile,
+                              const BoxRows&, int& iteration, int thread_idx) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemLayoutB{});
+    constexpr int kChunks = kTileM / 8;                     // 16-byte chunks per row and operand
+    constexpr int kRowsPerPass = kProducerThreads / kChunks;
+    constexpr int kPasses = kTileK / kRowsPerPass;
+    const int chunk = thread_idx % kChunks;
+    const int col_a = tile.m_block * kTileM + chunk * 8, col_b = tile.n_block * kTileN + chunk * 8;
+    const bool col_a_ok = col_a < p.m_out, col_b_ok = col_b < p.n_out;
+
+    const int num_k_tiles = k_tiles(p, tile);
+    for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
+      const int stage = iteration % kStages;
+      cutlass::arch::ClusterBarrier::wait(&bar.empty[stage], ((iteration / kStages) & 1) ^ 1);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kPasses; ++j) {
+        const int k = thread_idx / kChunks + j * kRowsPerPass;  // row within the stage
+        const int local = kt * kTileK + k;                      // row within the expert
+        const bool row_ok = local < tile.k_rows;
+        const int row = tile.k_start + local;
+        int token = 0;
+        if (row_ok) {
+          token = __ldg(p.gather_idx + row);
+          if (token < 0 || token >= p.gather_src_rows) __trap();  // no printf: see the kernel
+        }
+        const int a_row = kGatherA ? token : row, b_row = kGatherA ? row : token;
+        const bool a_ok = row_ok && col_a_ok, b_ok = row_ok && col_b_ok;
+        cp_async_16_zfill(&sA(chunk * 8, k, stage), a_ok ? p.a + int64_t(a_row) * p.m_out + col_a : p.a, a_ok);
+        cp_async_16_zfill(&sB(chunk * 8, k, stage), b_ok ? p.b + int64_t(b_row) * p.n_out + col_b : p.b, b_ok);
+      }
+      cutlass::arch::cpasync_barrier_arrive_noinc(&bar.full[stage]);
+    }
+  }
+
+  // Waits for the producer's last copies (a thread must not exit with cp.async in flight).
+  static __device__ void load_tail() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+  template <class Accumulator, class Tile>
+  static __device__ void mma(const Params& p, SharedStorage& s, Barriers& bar, Accumulator& accum,
+                             const Tile& tile, int& iteration, int thread_idx_in_warpgroup) {
+    consume_stages<TiledMma, SmemLayoutA, SmemLayoutB, kStages, /*cp_async_operand=*/true>(
+        s.a, s.b, bar.full, bar.empty, accum, k_tiles(p, tile), iteration, thread_idx_in_warpgroup);
+  }
+};
+
+}  // namespace sonicmoe::sm90

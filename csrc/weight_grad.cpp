@@ -1,0 +1,45 @@
+// Host side of the expert weight gradients (K5, K7): rules, then launch.
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "common/host_rules.h"
+#include "sm90/grouped_gemm_sm90.h"
+#include "sonicmoe.h"
+
+namespace sonicmoe {
+
+std::string check_weight_grad(const WeightGradParams& p) {
+  auto rule = [](const char* name, int64_t value, const char* r) {
+    return rule_message("weight_grad", name, value, r);
+  };
+  if (p.num_experts < 1) return rule("num_experts", p.num_experts, "must be >= 1");
+  if (p.num_tokens < 0 || p.num_tokens > INT32_MAX)
+    return rule("num_tokens", p.num_tokens, "must be in [0, 2^31 - 1]");
+  if (p.m_total < 0 || p.m_total > INT32_MAX) return rule("m_total", p.m_total, "must be in [0, 2^31 - 1]");
+  if (p.m_out < 8 || p.m_out % 8 != 0)
+    return rule("m_out", p.m_out, "must be a positive multiple of 8 (16-byte rows)");
+  if (p.n_out < 8 || p.n_out % 8 != 0)
+    return rule("n_out", p.n_out, "must be a positive multiple of 8 (16-byte rows)");
+  if (p.sm_count < 1) return rule("sm_count", p.sm_count, "must be >= 1");
+  if (int64_t(p.num_experts) * p.m_out > INT32_MAX)
+    return rule("m_out", p.m_out, "num_experts * m_out output rows must fit in int32");
+  const int64_t tiles = int64_t(p.num_experts) * ((p.m_out + 127) / 128) * ((p.n_out + 127) / 128);
+  if (tiles > INT32_MAX) return rule("n_out", p.n_out, "the output's 128 x 128 tiles must fit in int32");
+  return {};
+}
+
+Status run_weight_grad(const WeightGradParams& p) {
+  const std::string problem = check_weight_grad(p);
+  if (!problem.empty()) return Status::error(problem);
+  // Even with no rows at all every expert's gradient is written (zeros), so there is no early
+  // return; a and b are never read for rows that do not exist.
+  if (p.expert_offsets == nullptr || p.out == nullptr ||
+      (p.m_total > 0 && (p.a == nullptr || p.b == nullptr || p.gather_idx == nullptr)))
+    return Status::error("weight_grad: a, b, expert_offsets, gather_idx and out must be non-null");
+  if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out))
+    return Status::error("weight_grad: a, b and out must be 16-byte aligned");
+  return sm90::run_weight_grad(p);
+}
+
+}  // namespace sonicmoe

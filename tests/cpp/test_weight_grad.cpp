@@ -1,0 +1,60 @@
+// GoogleTest of the expert weight gradients (K5, K7): host rules (run anywhere).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "sonicmoe.h"
+#include "test_util.h"
+
+namespace {
+
+using sonicmoe::WeightGradParams;
+
+WeightGradParams valid_shape() {  // dW1 of paper-7b-n256: dH (M, 2n)^T x (T, d)
+  WeightGradParams p;
+  p.num_tokens = 24576;
+  p.m_total = 24576 * 8;
+  p.m_out = 512;
+  p.n_out = 1536;
+  p.num_experts = 128;
+  p.gather_a = false;
+  p.sm_count = 132;
+  return p;
+}
+
+TEST(WeightGradHost, accepts_anchor_shapes) {
+  for (const auto& s : sonicmoe::test::kAnchorShapes) {
+    WeightGradParams p = valid_shape();
+    p.num_experts = s.num_experts;
+    p.m_out = s.d, p.n_out = s.n;  // dW2
+    EXPECT_EQ(sonicmoe::check_weight_grad(p), "") << "d=" << s.d << " n=" << s.n;
+    p.m_out = 2 * s.n, p.n_out = s.d;  // dW1
+    EXPECT_EQ(sonicmoe::check_weight_grad(p), "") << "d=" << s.d << " n=" << s.n;
+  }
+}
+
+TEST(WeightGradHost, rejects_bad_shapes_naming_argument_value_rule) {
+  const sonicmoe::test::RejectionCase<WeightGradParams> cases[] = {
+      {[](WeightGradParams& p) { p.num_experts = 0; }, "weight_grad: num_experts = 0 breaks the rule: must be >= 1"},
+      {[](WeightGradParams& p) { p.num_tokens = -1; }, "num_tokens = -1 breaks the rule"},
+      {[](WeightGradParams& p) { p.m_total = int64_t(1) << 31; }, "m_total = 2147483648 breaks"},
+      {[](WeightGradParams& p) { p.m_out = 100; }, "m_out = 100 breaks the rule: must be a positive multiple of 8"},
+      {[](WeightGradParams& p) { p.n_out = 0; }, "n_out = 0 breaks the rule"},
+      {[](WeightGradParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
+      {[](WeightGradParams& p) { p.num_experts = 1 << 20; p.m_out = 1 << 12; }, "output rows must fit in int32"},
+  };
+  sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_weight_grad);
+}
+
+TEST(WeightGradHost, run_rejects_null_and_misaligned_pointers_before_any_launch) {
+  WeightGradParams p = valid_shape();
+  EXPECT_NE(sonicmoe::run_weight_grad(p).message.find("must be non-null"), std::string::npos);
+  alignas(16) static char buf[64];
+  p.a = buf + 2;
+  p.b = p.out = buf;
+  p.expert_offsets = p.gather_idx = reinterpret_cast<const int32_t*>(buf);
+  EXPECT_NE(sonicmoe::run_weight_grad(p).message.find("16-byte aligned"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,110 @@
+"""K5 / K7 (weight_grad, varlen-K with the gather in the loads) against fp32 torch on the GPU, and
+its argument rules on the CPU."""
+
+import re
+
+import pytest
+import torch
+
+import sonicmoe
+from conftest import requires_extension, requires_hopper
+from test_grouped_gemm import generator, offsets_from_counts, random_counts
+
+
+def rel(a, b):
+    return ((a.float() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def want_weight_grad(a, b, offsets, gather_idx, gather_a):
+    """out[e] = a_rows[e]^T b_rows[e] in fp32, the gathered side's rows taken by gather_idx."""
+    rows_a = a.float()[gather_idx.long()] if gather_a else a.float()
+    rows_b = b.float() if gather_a else b.float()[gather_idx.long()]
+    bounds = offsets.tolist()
+    out = torch.zeros(len(bounds) - 1, a.shape[1], b.shape[1], device=a.device)
+    for e in range(len(bounds) - 1):
+        out[e] = rows_a[bounds[e]:bounds[e + 1]].T @ rows_b[bounds[e]:bounds[e + 1]]
+    return out
+
+
+@requires_hopper
+@pytest.mark.usefixtures("fp32_matmul_reference")
+@pytest.mark.parametrize("gather_a", [True, False])
+@pytest.mark.parametrize("T,K,m_out,n_out,E,layout", [
+    (700, 8, 1536, 256, 128, "ragged"),   # dW2 / dW1 shapes of paper-7b at small T
+    (300, 2, 136, 200, 8, "ragged"),      # outputs not multiples of the 128 tile
+    (1000, 4, 512, 1024, 16, "one hot"),  # every row in one expert, the others empty
+    (50, 1, 64, 64, 4, "ragged"),
+    (0, 2, 128, 128, 8, "ragged"),        # no rows: every gradient exactly zero
+    (257, 1, 256, 128, 1, "ragged"),      # one expert, a partial last k step
+])
+def test_weight_grad_matches_fp32(gather_a, T, K, m_out, n_out, E, layout):
+    gen = generator("wgrad", gather_a, T, K, m_out, n_out, E, layout)
+    m_total = T * K
+    counts = random_counts(m_total, E, gen) if layout == "ragged" else [0] * (E - 1) + [m_total]
+    offsets = offsets_from_counts(counts)
+    gather_idx = torch.randint(0, max(T, 1), (m_total,), device="cuda", generator=gen, dtype=torch.int32)
+    a = torch.randn(T if gather_a else m_total, m_out, device="cuda", generator=gen).bfloat16()
+    b = torch.randn(m_total if gather_a else T, n_out, device="cuda", generator=gen).bfloat16()
+    out = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a)
+    want = want_weight_grad(a, b, offsets, gather_idx, gather_a)
+    assert out.shape == (E, m_out, n_out) and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    idle = torch.tensor(counts, device="cuda") == 0
+    assert not out[idle].any(), "an expert without rows must get exact zeros"
+    if want.any():
+        assert rel(out, want) <= 1e-2
+
+
+@requires_hopper
+@pytest.mark.usefixtures("fp32_matmul_reference")
+def test_weight_grad_partial_rows_ignores_rows_past_the_last_offset():
+    # Token rounding's buffers: offsets[E] < m_total, and the rows past it hold garbage (NaN).
+    gen = generator("wgrad-partial")
+    T, m_total, m_out, n_out, E = 400, 900, 256, 128, 8
+    counts = random_counts(700, E, gen)
+    offsets = offsets_from_counts(counts)
+    gather_idx = torch.randint(0, T, (m_total,), device="cuda", generator=gen, dtype=torch.int32)
+    a = torch.randn(T, m_out, device="cuda", generator=gen).bfloat16()
+    b = torch.randn(m_total, n_out, device="cuda", generator=gen).bfloat16()
+    b[700:] = float("nan")
+    out = sonicmoe.weight_grad(a, b, offsets, gather_idx, True, partial_rows=True)
+    want = want_weight_grad(a, b[:700], offsets, gather_idx[:700], True)
+    assert torch.isfinite(out).all() and rel(out, want) <= 1e-2
+
+
+@requires_hopper
+def test_weight_grad_opcheck():
+    gen = generator("wgrad-opcheck")
+    offsets = offsets_from_counts([30, 0, 70])
+    gather_idx = torch.randint(0, 40, (100,), device="cuda", generator=gen, dtype=torch.int32)
+    a = torch.randn(40, 64, device="cuda", generator=gen).bfloat16()
+    b = torch.randn(100, 128, device="cuda", generator=gen).bfloat16()
+    torch.library.opcheck(torch.ops.sonicmoe.weight_grad, (a, b, offsets, gather_idx, True, False))
+
+
+def _cpu_args(**change):
+    args = dict(a=torch.zeros(10, 64, dtype=torch.bfloat16), b=torch.zeros(20, 32, dtype=torch.bfloat16),
+                expert_offsets=torch.tensor([0, 5, 20], dtype=torch.int32),
+                gather_idx=torch.zeros(20, dtype=torch.int32), gather_a=True, partial_rows=False)
+    args.update(change)
+    return args
+
+
+@requires_extension
+@pytest.mark.parametrize("change,error,message", [
+    (dict(a=torch.zeros(10, 64)), TypeError, "weight_grad: a.dtype = Float breaks the rule: must be BFloat16"),
+    (dict(gather_idx=torch.zeros(20, dtype=torch.int64)), TypeError,
+     "weight_grad: gather_idx.dtype = Long breaks the rule: must be Int"),
+    (dict(b=torch.zeros(19, 32, dtype=torch.bfloat16)), ValueError,
+     "weight_grad: b.shape = [19, 32] breaks the rule: shape[0] must equal gather_idx.shape[0] = 20"),
+    (dict(a=torch.zeros(10, 60, dtype=torch.bfloat16)), ValueError,
+     "weight_grad: m_out = 60 breaks the rule: must be a positive multiple of 8"),
+    (dict(expert_offsets=torch.tensor([0], dtype=torch.int32)), ValueError,
+     "weight_grad: expert_offsets.shape = [1] breaks the rule: needs at least one expert"),
+    (dict(a=torch.zeros(64, 10, dtype=torch.bfloat16).t()), ValueError,
+     "weight_grad: a.stride() = [1, 10] breaks the rule: must be contiguous"),
+    (dict(), ValueError, "weight_grad: a.device = cpu breaks the rule: must be a CUDA device"),
+])
+def test_weight_grad_rejects_bad_arguments(change, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        torch.ops.sonicmoe.weight_grad(*_cpu_args(**change).values())
