@@ -6,7 +6,10 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
 - combine: out[t] = sum_k s * Y[rev(t, k)] at (T, K, d), against the gather-multiply-sum of
   the torch reference (GB/s, against the device copy ceiling);
 - moe_forward: the layer's forward (training mode, and no_grad) against a torch._grouped_mm layer;
-- moe_backward: backward and forward+backward TFLOP/s and the memory kept after the forward.
+- moe_backward: backward and forward+backward TFLOP/s and the memory kept after the forward;
+- backward_kernels: the backward's kernels one by one (K4, K6, K5, K7) beside the interim weight
+  gradients (gather + torch._grouped_mm), TFLOP/s of each;
+- token_rounding: token rounding against top-K on the two sweeps of DESIGN §6.
 Prints tables; writes JSON and a PNG plot to --out.
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
@@ -227,6 +230,39 @@ def bench_moe_backward(name, cfg, anchor_rows):
 
 
 # Issue "token rounding": sweeps of (T, d, n, K) with E varied.
+def bench_backward_kernels(name, cfg):
+    """The backward's GEMMs one by one at a config (balanced random routing), with the interim
+    weight-gradient path (gathered copy + torch._grouped_mm) beside K5/K7 in the same run."""
+    from sonicmoe._ops import device_routing_metadata, down_proj_grad, grouped_gemm_kn, weight_grad
+
+    T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
+    x = torch.randn(T, d, device="cuda").bfloat16()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16()
+    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16()
+    _, experts = sonicmoe.router_topk(torch.randn(T, E, device="cuda"), K, "topk_softmax")
+    meta = device_routing_metadata(experts, E)
+    off, g = meta.expert_offsets, meta.gather_idx
+    h, _ = sonicmoe.up_proj(x, w1, off, g)
+    d_out = torch.randn(T, d, device="cuda").bfloat16()
+    row_score = torch.rand(T * K, device="cuda")
+    d_h, a_scaled, _ = down_proj_grad(d_out, w2, h, row_score, off, g)
+    gemm = 2.0 * T * K * d * n  # one d x n GEMM over the T*K rows
+    fns = {
+        "K4_down_proj_grad": (lambda: down_proj_grad(d_out, w2, h, row_score, off, g), gemm),
+        "K6_grouped_gemm_kn": (lambda: grouped_gemm_kn(d_h, w1, off), 2 * gemm),
+        "K5_weight_grad_dw2": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),
+        "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False), 2 * gemm),
+        "gather_gmm_dw2": (lambda: torch._grouped_mm(d_out[g.long()].t(), a_scaled, offs=off[1:]), gemm),
+        "gather_gmm_dw1": (lambda: torch._grouped_mm(d_h.t(), x[g.long()], offs=off[1:]), 2 * gemm),
+    }
+    ms = time_interleaved({k: fn for k, (fn, _) in fns.items()}, rounds=3, iters=10)
+    row = {"config": name}
+    for k, (_, flops) in fns.items():
+        row[f"{k}_us"] = ms[k] * 1e3
+        row[f"{k}_tflops"] = flops / ms[k] / 1e9
+    return row
+
+
 TOKEN_ROUNDING_SWEEPS = {
     "T16384-d1536-n256-K8": [dict(T=16384, d=1536, n=256, K=8, E=E) for E in (64, 128, 256, 512)],
     "T16384-d4096-n1024-K4": [dict(T=16384, d=4096, n=1024, K=4, E=E) for E in (32, 64, 128, 256)],
@@ -371,6 +407,18 @@ def main():
                   f"{r['token_rounding_fwd_bwd_ms']:>8.3f}")
         print("(ms; forward under no_grad; exp = the forward's expert part from given routing decisions: "
               "sorted layout, K1, K2, K3; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
+    if "backward_kernels" in ops:
+        kernel_rows = []
+        for name in names:
+            kernel_rows.append(bench_backward_kernels(name, configs[name]))
+            torch.cuda.empty_cache()
+        (out / "backward_kernels.json").write_text(json.dumps({"rows": kernel_rows}, indent=1))
+        parts = ("K4_down_proj_grad", "K6_grouped_gemm_kn", "K5_weight_grad_dw2", "K7_weight_grad_dw1",
+                 "gather_gmm_dw2", "gather_gmm_dw1")
+        print(f"{'config':<18}" + "".join(f"{p:>20}" for p in parts))
+        for r in kernel_rows:
+            print(f"{r['config']:<18}" + "".join(f"{r[p + '_us']:>10.0f} {r[p + '_tflops']:>6.1f} TF" for p in parts))
+        print("(us and TFLOP/s per call; K5/K7 = weight_grad, gather_gmm = gathered copy + torch._grouped_mm)\n")
     if "moe_backward" in ops:
         bwd_rows = []
         for name in names:
