@@ -228,31 +228,49 @@ struct DSwiGLUEpilogue {
         const int64_t row = t.row_start + r;
         const float score = row_ok ? p.row_score[row] : 0.f;
         float d_score = 0.f;
+        // H loads in groups of kBatch column pairs ahead of their math and stores: with the
+        // stores in between, the compiler may not move a later load above them (d_h and h
+        // could alias), and every column pair waited a full global-memory round trip. Whole
+        // rows at once (16 pairs) spill at the kernel's 168-register budget.
+        constexpr int kPairs = decltype(size<0, 2>(accum))::value;
+        constexpr int kBatch = 8;
+        static_assert(kPairs % kBatch == 0, "column pairs per batch");
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < size<0, 2>(accum); ++j) {
-          const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j), m, 0)));
-          if (!row_ok || col >= p.n) continue;
-          const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + col);
-          const __nv_bfloat162 u2 = *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + p.n + col);
-          const float2 g = __bfloat1622float2(g2), u = __bfloat1622float2(u2);
-          float dg[2], du[2], as[2];
+        for (int j0 = 0; j0 < kPairs; j0 += kBatch) {
+          __nv_bfloat162 g2[kBatch], u2[kBatch];
           CUTLASS_PRAGMA_UNROLL
-          for (int v0 = 0; v0 < 2; ++v0) {
-            const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
-            const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
-            const float sig = 1.0f / (1.0f + __expf(-gate));
-            const float silu = gate * sig;
-            const float a = silu * up;
-            d_score = fmaf(d_a_prime, a, d_score);
-            const float d_a = score * d_a_prime;
-            dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
-            du[v0] = d_a * silu;
-            as[v0] = score * a;
+          for (int b = 0; b < kBatch; ++b) {
+            const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j0 + b), m, 0)));
+            const bool ok = row_ok && col < p.n;
+            g2[b] = ok ? *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + col) : __nv_bfloat162{};
+            u2[b] = ok ? *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + p.n + col)
+                       : __nv_bfloat162{};
           }
-          *reinterpret_cast<__nv_bfloat162*>(p.d_h + row * h_pitch + col) = __floats2bfloat162_rn(dg[0], dg[1]);
-          *reinterpret_cast<__nv_bfloat162*>(p.d_h + row * h_pitch + p.n + col) =
-              __floats2bfloat162_rn(du[0], du[1]);
-          *reinterpret_cast<__nv_bfloat162*>(p.a_scaled + row * p.n + col) = __floats2bfloat162_rn(as[0], as[1]);
+          CUTLASS_PRAGMA_UNROLL
+          for (int b = 0; b < kBatch; ++b) {
+            const int j = j0 + b;
+            const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j), m, 0)));
+            if (!row_ok || col >= p.n) continue;
+            const float2 g = __bfloat1622float2(g2[b]), u = __bfloat1622float2(u2[b]);
+            float dg[2], du[2], as[2];
+            CUTLASS_PRAGMA_UNROLL
+            for (int v0 = 0; v0 < 2; ++v0) {
+              const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
+              const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
+              const float sig = 1.0f / (1.0f + __expf(-gate));
+              const float silu = gate * sig;
+              const float a = silu * up;
+              d_score = fmaf(d_a_prime, a, d_score);
+              const float d_a = score * d_a_prime;
+              dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
+              du[v0] = d_a * silu;
+              as[v0] = score * a;
+            }
+            Element* d_h_row = p.d_h + row * h_pitch;
+            *reinterpret_cast<__nv_bfloat162*>(d_h_row + col) = __floats2bfloat162_rn(dg[0], dg[1]);
+            *reinterpret_cast<__nv_bfloat162*>(d_h_row + p.n + col) = __floats2bfloat162_rn(du[0], du[1]);
+            *reinterpret_cast<__nv_bfloat162*>(p.a_scaled + row * p.n + col) = __floats2bfloat162_rn(as[0], as[1]);
+          }
         }
         // The 4 lanes of a quad hold the same row's columns: sum them in a fixed order.
         d_score += __shfl_xor_sync(0xffffffffu, d_score, 1);
