@@ -1,5 +1,6 @@
 // K5 / K7: expert weight gradients as varlen-K grouped GEMMs, the gather along K fused into the
-// cp.async loads of either operand; both operands MN-major; ping-pong 128x128x64, sm90a.
+// cp.async loads of either operand, the other operand by TMA (or by cp.async where rows past
+// offsets[E] were never written: partial_rows); both MN-major; ping-pong 128x128x64, sm90a.
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/varlen_gemm_launch_sm90.cuh"
 // After the launch header: it needs cudaTypedefs.h's driver typedefs before any CUTLASS include.
@@ -8,13 +9,19 @@
 namespace sonicmoe::sm90 {
 namespace {
 
-template <bool kGatherA>
+template <bool kGatherA, bool kTmaDense>
 Status run(const WeightGradParams& p) {
-  using Mainloop = VarlenKMainloop<kVarlenTileM, kVarlenTileN, kVarlenTileK, kVarlenStages, kGatherA>;
+  using Mainloop =
+      VarlenKMainloop<kVarlenTileM, kVarlenTileN, kVarlenTileK, kVarlenStages, kGatherA, kTmaDense>;
   using Kernel = VarlenGemmKernel<Mainloop, StoreEpilogue<kVarlenTileM, kVarlenTileN>,
                                   VarlenKTileScheduler<kVarlenTileM>>;
   using Element = cutlass::bfloat16_t;
   typename Kernel::Params params{};
+  if constexpr (kTmaDense) {
+    SONICMOE_TRY(make_row_major_tensor_map(&params.mainloop.tma_dense, kGatherA ? p.b : p.a, p.m_total,
+                                           kGatherA ? p.n_out : p.m_out, Mainloop::kBoxCols,
+                                           Mainloop::kBoxRows, kGatherA ? "b" : "a"));
+  }
   params.mainloop.a = static_cast<const Element*>(p.a);
   params.mainloop.b = static_cast<const Element*>(p.b);
   params.mainloop.gather_idx = p.gather_idx;
@@ -30,6 +37,9 @@ Status run(const WeightGradParams& p) {
 
 }  // namespace
 
-Status run_weight_grad(const WeightGradParams& p) { return p.gather_a ? run<true>(p) : run<false>(p); }
+Status run_weight_grad(const WeightGradParams& p) {
+  if (p.partial_rows) return p.gather_a ? run<true, false>(p) : run<false, false>(p);
+  return p.gather_a ? run<true, true>(p) : run<false, true>(p);
+}
 
 }  // namespace sonicmoe::sm90

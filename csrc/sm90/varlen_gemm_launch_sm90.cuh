@@ -58,6 +58,15 @@ inline Status make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank,
   return Status::success();
 }
 
+// A row-major (rows, cols) bf16 matrix as a (cols, rows) TMA tensor in boxes of box_cols x box_rows.
+inline Status make_row_major_tensor_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols,
+                                        uint32_t box_cols, uint32_t box_rows, const char* what) {
+  const uint64_t dims[2] = {uint64_t(cols), uint64_t(rows)};
+  const uint64_t strides[1] = {uint64_t(cols) * 2};
+  const uint32_t box[2] = {box_cols, box_rows};
+  return make_bf16_tensor_map(map, base, 2, dims, strides, box, what);
+}
+
 // The expert weights as a 3-D TMA tensor in boxes of 64 N columns x kTileK:
 // K-major (E, n_cols, k) as (k, n_cols, E); N-major (E, k, n_cols) as (n_cols, k, E).
 template <class Mainloop>
@@ -73,10 +82,7 @@ Status make_weight_tensor_map(CUtensorMap* map, const void* w, int64_t n_cols, i
 // The sorted activations (m_total, k) as a (k, m_total) TMA tensor in whole-tile boxes.
 template <class Mainloop>
 Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, int64_t k) {
-  const uint64_t dims[2] = {uint64_t(k), uint64_t(m_total)};
-  const uint64_t strides[1] = {uint64_t(k) * 2};
-  const uint32_t box[2] = {Mainloop::kTileK, Mainloop::kTileM};
-  return make_bf16_tensor_map(map, a, 2, dims, strides, box, "a");
+  return make_row_major_tensor_map(map, a, m_total, k, Mainloop::kTileK, Mainloop::kTileM, "a");
 }
 
 // Fills the routing fields of params and launches the persistent grid on `stream`: one CTA

@@ -5,13 +5,21 @@
 // Both operands are row-major sources read along their rows (M, resp. N, contiguous), so in
 // shared memory both are MN-major (WGMMA transposes them on the fly). One of them is gathered:
 // its row r is src[gather_idx[r]] (dO for dW2, x for dW1), the other is read at row r (A' for
-// dW2, dH for dW1). Hopper's TMA cannot gather, so the 128 producer threads copy both with
-// cp.async in 16-byte chunks, zero-filling rows past the expert's end and columns past the
-// output's edge; each thread's copies arrive on the stage's barrier when they land.
+// dW2, dH for dW1). Hopper's TMA cannot gather, so the 128 producer threads copy the gathered
+// operand with cp.async in 16-byte chunks, zero-filling rows past the expert's end and columns
+// past the output's edge; each thread's copies arrive on the stage's barrier when they land.
+// The other operand arrives either the same way or (kTmaDense) by TMA in boxes of 64 columns
+// x 64 rows. TMA cannot stop at the expert's end: it loads the next expert's rows, which meet
+// zero-filled rows of the gathered operand and add nothing, as long as they are finite. So
+// kTmaDense is for buffers whose every row was written (top-K routing); token rounding's
+// upper-bound buffers have unwritten rows past offsets[E] and take the cp.async path.
 #pragma once
+
+#include <cuda.h>
 
 #include <cstdint>
 
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
@@ -21,16 +29,19 @@
 
 namespace sonicmoe::sm90 {
 
-template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_>
+template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kTmaDense_>
 struct VarlenKMainloop {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
   static constexpr int kTileK = kTileK_;  // rows of the sorted layout per stage
   static constexpr int kStages = kStages_;
   static constexpr bool kGatherA = kGatherA_;  // else B is the gathered operand
+  static constexpr bool kTmaDense = kTmaDense_;  // the non-gathered operand by TMA
   static constexpr bool kCpAsyncProducer = true;
   static constexpr int kProducerThreads = 128;
-  static constexpr int kBoxesB = 2;  // the epilogue's B box origins, unused: no TMA here
+  static constexpr int kBoxesB = 2;     // the epilogue's B box origins, unused here
+  static constexpr int kBoxCols = 64;   // TMA box: 64 columns (one 128-byte swizzle row) ...
+  static constexpr int kBoxRows = kTileK_;  // ... by one stage's rows
   static_assert(kTileM == 128 && kTileN == 128, "the MMA atom is 64x128, two per tile");
 
   using Element = cutlass::bfloat16_t;
@@ -46,13 +57,16 @@ struct VarlenKMainloop {
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>{}));
 
-  static constexpr uint32_t kFullArrivals = kProducerThreads;  // cp.async arrivals only
-  static constexpr uint32_t kEmptyArrivals = 4;                // one per consumer warp
+  // Full barrier arrivals per stage: one per copying thread, plus the TMA issuer's.
+  static constexpr uint32_t kFullArrivals = kTmaDense ? 1 + kProducerThreads : kProducerThreads;
+  static constexpr uint32_t kEmptyArrivals = 4;  // one per consumer warp
+  static constexpr uint32_t kBytesDense = (kGatherA ? kTileN : kTileM) * kTileK * sizeof(Element);
 
   using SharedStorage = StageBuffers<Element, SmemLayoutA, SmemLayoutB>;
   using Barriers = StageBarriers<kStages>;
 
   struct Params {
+    CUtensorMap tma_dense;                // the non-gathered operand (m_total, cols), kTmaDense
     const Element* a = nullptr;           // (gathered ? num_tokens : m_total, m_out)
     const Element* b = nullptr;           // (gathered ? num_tokens : m_total, n_out)
     const int32_t* gather_idx = nullptr;  // sorted row -> token
@@ -70,7 +84,9 @@ struct VarlenKMainloop {
 
   static __device__ void init_barriers(Barriers& s) { s.init(kFullArrivals, kEmptyArrivals); }
 
-  static __device__ void prefetch_descriptors(const Params&) {}
+  static __device__ void prefetch_descriptors(const Params& p) {
+    if constexpr (kTmaDense) cute::prefetch_tma_descriptor(&p.tma_dense);
+  }
 
   // Producer side of one tile (all 128 producer threads). Thread t copies chunk t % 16 (8
   // columns) of sorted rows t / 16 + 8 j, j < 8, of both operands in every stage.
@@ -87,27 +103,55 @@ struct VarlenKMainloop {
     const int col_a = tile.m_block * kTileM + chunk * 8, col_b = tile.n_block * kTileN + chunk * 8;
     const bool col_a_ok = col_a < p.m_out, col_b_ok = col_b < p.n_out;
 
+    // The rows of a k step are gather_idx entries: load them one step ahead, so their latency
+    // hides behind the previous step's copies (loaded in the step itself, each stage waited ~8
+    // dependent L2 round trips: ncu showed the producer stalled on L1TEX at ~13% SM throughput).
+    int tokens[kPasses], next_tokens[kPasses];
+    auto load_tokens = [&](int kt, int (&out)[kPasses]) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kPasses; ++j) {
+        const int local = kt * kTileK + thread_idx / kChunks + j * kRowsPerPass;
+        out[j] = local < tile.k_rows ? __ldg(p.gather_idx + tile.k_start + local) : 0;
+      }
+    };
     const int num_k_tiles = k_tiles(p, tile);
+    load_tokens(0, tokens);
     for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
       const int stage = iteration % kStages;
+      if (kt + 1 < num_k_tiles) load_tokens(kt + 1, next_tokens);
+      bool bad = false;  // rows past the expert hold token 0
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kPasses; ++j) bad |= tokens[j] < 0 || tokens[j] >= p.gather_src_rows;
+      if (bad) __trap();  // a token out of range; no printf: see the kernel
       cutlass::arch::ClusterBarrier::wait(&bar.empty[stage], ((iteration / kStages) & 1) ^ 1);
+      if constexpr (kTmaDense) {
+        if (thread_idx == 0) {
+          constexpr uint64_t kCacheHint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bar.full[stage], kBytesDense);
+          Element* dense = kGatherA ? s.b + stage * kTileN * kTileK : s.a + stage * kTileM * kTileK;
+          const int col0 = kGatherA ? tile.n_block * kTileN : tile.m_block * kTileM;
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < (kGatherA ? kTileN : kTileM) / kBoxCols; ++i) {
+            SM90_TMA_LOAD_2D::copy(&p.tma_dense, &bar.full[stage], kCacheHint, dense + i * kBoxCols * kTileK,
+                                   col0 + i * kBoxCols, tile.k_start + kt * kTileK);
+          }
+        }
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kPasses; ++j) {
         const int k = thread_idx / kChunks + j * kRowsPerPass;  // row within the stage
-        const int local = kt * kTileK + k;                      // row within the expert
-        const bool row_ok = local < tile.k_rows;
-        const int row = tile.k_start + local;
-        int token = 0;
-        if (row_ok) {
-          token = __ldg(p.gather_idx + row);
-          if (token < 0 || token >= p.gather_src_rows) __trap();  // no printf: see the kernel
-        }
-        const int a_row = kGatherA ? token : row, b_row = kGatherA ? row : token;
+        const bool row_ok = kt * kTileK + k < tile.k_rows;
+        const int row = tile.k_start + kt * kTileK + k;
+        const int a_row = kGatherA ? tokens[j] : row, b_row = kGatherA ? row : tokens[j];
         const bool a_ok = row_ok && col_a_ok, b_ok = row_ok && col_b_ok;
-        cp_async_16_zfill(&sA(chunk * 8, k, stage), a_ok ? p.a + int64_t(a_row) * p.m_out + col_a : p.a, a_ok);
-        cp_async_16_zfill(&sB(chunk * 8, k, stage), b_ok ? p.b + int64_t(b_row) * p.n_out + col_b : p.b, b_ok);
+        if (kGatherA || !kTmaDense)
+          cp_async_16_zfill(&sA(chunk * 8, k, stage), a_ok ? p.a + int64_t(a_row) * p.m_out + col_a : p.a, a_ok);
+        if (!kGatherA || !kTmaDense)
+          cp_async_16_zfill(&sB(chunk * 8, k, stage), b_ok ? p.b + int64_t(b_row) * p.n_out + col_b : p.b, b_ok);
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(&bar.full[stage]);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kPasses; ++j) tokens[j] = next_tokens[j];
     }
   }
 
