@@ -60,3 +60,25 @@ def test_metadata_reproduces_the_dense_reference(T, E, K, tile, rule, skew):
         assert meta.gather_idx[lo:hi].tolist() == assigned[:, e].nonzero().flatten().tolist()
     torch.testing.assert_close(pipeline_through_metadata(x, w1, w2, meta),
                                reference.moe_dense_routed(x, w1, w2, scores, assigned))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("T,E,K,tile,rule,skew", [
+    (4096, 64, 8, 128, "nearest", False), (1000, 256, 8, 16, "up", True), (3000, 1024, 4, 128, "down", False),
+    (1, 8, 2, 128, "nearest", False), (0, 8, 2, 128, "nearest", False), (777, 33, 5, 64, "up", True),
+])
+def test_dense_layout_kernels_match_the_torch_pipeline(T, E, K, tile, rule, skew):
+    # dense_layout (token_rounding.cu) against the nonzero_static pipeline, field by field.
+    from sonicmoe import routing
+    from sonicmoe._ops import dense_layout
+
+    gen = torch.Generator().manual_seed(T * 31 + E)
+    logits = torch.randn(T, E, generator=gen)
+    if skew:
+        logits[:, 0] += 3.0
+    scores, assigned = token_rounding(logits, K, tile, rule)  # CPU: the reference assignment
+    bound = dense_row_bound(T, E, K, tile)
+    want = dense_routing_metadata(scores, assigned, bound)
+    got = dense_layout(assigned.cuda().t().contiguous(), scores.float().cuda().t().contiguous(), bound)
+    for name, w, g in zip(routing.DenseRoutingMetadata._fields, want, got):
+        assert torch.equal(g.cpu(), w), name
