@@ -242,7 +242,7 @@ token_entries_kernel(const uint8_t* __restrict__ assigned_t, const float* __rest
 }  // namespace
 
 std::string check_token_rounding(const TokenRoundingParams& p) {
-  auto rule = [](const char* name, int64_t v, const char* r) { return rule_message("token_rounding", name, v, r); };
+  auto rule = [](const char* name, int64_t v, const char* r) { return rule_message("token_rounding_assign", name, v, r); };
   if (p.num_experts < 1) return rule("num_experts", p.num_experts, "must be >= 1");
   if (p.num_tokens < 0 || p.num_tokens * p.num_experts > INT32_MAX)
     return rule("num_tokens", p.num_tokens, "num_tokens * num_experts must fit in int32");
@@ -254,13 +254,13 @@ std::string check_token_rounding(const TokenRoundingParams& p) {
 Status run_token_rounding_assign(const TokenRoundingParams& p) {
   const std::string problem = check_token_rounding(p);
   if (!problem.empty()) return Status::error(problem);
-  if (p.counts == nullptr) return Status::error("token_rounding: counts must be non-null");
+  if (p.counts == nullptr) return Status::error("token_rounding_assign: counts must be non-null");
   if (p.num_tokens == 0) {  // every expert keeps its 0 tokens
     SONICMOE_CUDA_TRY(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.num_experts, p.stream));
     return Status::success();
   }
   if (p.probs_t == nullptr || p.chosen_t == nullptr || p.assigned_t == nullptr)
-    return Status::error("token_rounding: probs_t, chosen_t and assigned_t must be non-null");
+    return Status::error("token_rounding_assign: probs_t, chosen_t and assigned_t must be non-null");
   token_rounding_assign_kernel<<<p.num_experts, kThreads, 0, p.stream>>>(
       p.probs_t, p.chosen_t, p.num_tokens, p.tile, p.rule, p.assigned_t, p.counts);
   SONICMOE_CUDA_TRY(cudaGetLastError());

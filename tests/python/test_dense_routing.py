@@ -1,10 +1,13 @@
 """dense_routing_metadata (token rounding's sorted layout in upper-bound buffers): checked on the
 CPU by running the kernels' pipeline in PyTorch over it against reference.moe_dense_routed."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import requires_extension
 from sonicmoe import reference
 from sonicmoe.routing import dense_routing_metadata, dense_row_bound, token_rounding
 
@@ -82,3 +85,23 @@ def test_dense_layout_kernels_match_the_torch_pipeline(T, E, K, tile, rule, skew
     got = dense_layout(assigned.cuda().t().contiguous(), scores.float().cuda().t().contiguous(), bound)
     for name, w, g in zip(routing.DenseRoutingMetadata._fields, want, got):
         assert torch.equal(g.cpu(), w), name
+
+
+@requires_extension
+@pytest.mark.parametrize("op,args,message", [
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 0, 0),
+     "token_rounding_assign: tile = 0 breaks the rule: must be >= 1"),
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 128, 3),
+     "token_rounding_assign: rule = 3 breaks the rule"),
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 7, dtype=torch.bool), 128, 0),
+     "token_rounding_assign: chosen_t.shape = [4, 7] breaks the rule: must equal probs_t.shape = [4, 8]"),
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 128, 0),
+     "token_rounding_assign: probs_t.device = cpu breaks the rule: must be a CUDA device"),
+    ("dense_layout", (torch.zeros(4, 8, dtype=torch.bool), torch.zeros(4, 8), -1),
+     "dense_layout: row_bound = -1 breaks the rule"),
+    ("dense_layout", (torch.zeros(2000, 8, dtype=torch.bool), torch.zeros(2000, 8), 10),
+     "dense_layout: num_experts = 2000 breaks the rule: must be in [1, 1024]"),
+])
+def test_device_routing_ops_reject_bad_arguments(op, args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        getattr(torch.ops.sonicmoe, op)(*args)
