@@ -41,7 +41,7 @@ extension = CUDAExtension(
     name="sonicmoe._C",
     sources=["csrc/torch/bindings.cpp", "csrc/torch/combine.cpp", "csrc/torch/down_proj_grad.cpp",
              "csrc/torch/grouped_gemm.cpp", "csrc/torch/routing.cpp", "csrc/torch/up_proj.cpp",
-             "csrc/torch/weight_grad.cpp"],
+             "csrc/torch/token_rounding.cpp", "csrc/torch/weight_grad.cpp"],
     include_dirs=[str(ROOT / "csrc")],
     extra_objects=[str(CMAKE_BUILD_DIR / "libsonicmoe_kernels.a")],
     extra_compile_args={"cxx": ["-O2"]},

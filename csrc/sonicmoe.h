@@ -249,4 +249,47 @@ std::string check_sorted_layout(const SortedLayoutParams& params);
 size_t sorted_layout_workspace_size(int64_t num_tokens, int num_experts);
 Status run_sorted_layout(const SortedLayoutParams& params);
 
+// Token rounding (DESIGN §6): from the top-K choice, each expert's token count is rounded to a
+// multiple of tile by rule (0 nearest, ties up; 1 up; 2 down; capped at num_tokens) by flipping
+// fewer than tile tokens: its best unchosen ones by probability (ties to the lower token) or its
+// worst chosen ones (ties: the higher token first). One block per expert, no host sync; the
+// same assignment as sonicmoe.routing.token_rounding. Expert-major (E, T) buffers.
+struct TokenRoundingParams {
+  const float* probs_t = nullptr;     // (num_experts, num_tokens) softmax probabilities
+  const uint8_t* chosen_t = nullptr;  // (num_experts, num_tokens) top-K choice, 0 or 1
+  uint8_t* assigned_t = nullptr;      // (num_experts, num_tokens) out: the rounded assignment
+  int32_t* counts = nullptr;          // (num_experts) out: tokens per expert after rounding
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int tile = 128;
+  int rule = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_token_rounding(const TokenRoundingParams& params);
+Status run_token_rounding_assign(const TokenRoundingParams& params);
+
+// Sorted layout of a dense (E, T) assignment (token rounding's DenseRoutingMetadata): expert e
+// owns rows [expert_offsets[e], expert_offsets[e+1]) holding its tokens in order (gather_idx,
+// sorted_scores); token t owns entries [token_offsets[t], token_offsets[t+1]) listing its
+// experts in order (rows: the entry's sorted row, row_scores). Buffers past the M assigned pairs
+// are left as the caller filled them (zeros). Six launches, integer counts only, no host sync.
+struct DenseLayoutParams {
+  const uint8_t* assigned_t = nullptr;  // (num_experts, num_tokens), 0 or 1
+  const float* scores_t = nullptr;      // (num_experts, num_tokens)
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int32_t* expert_offsets = nullptr;    // (num_experts + 1)
+  int32_t* gather_idx = nullptr;        // (>= M)
+  float* sorted_scores = nullptr;       // (>= M)
+  int32_t* token_offsets = nullptr;     // (num_tokens + 1)
+  int32_t* rows = nullptr;              // (>= M)
+  float* row_scores = nullptr;          // (>= M)
+  void* workspace = nullptr;            // dense_layout_workspace_size() bytes, device
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_dense_layout(const DenseLayoutParams& params);
+size_t dense_layout_workspace_size(int64_t num_tokens, int num_experts);
+Status run_dense_layout(const DenseLayoutParams& params);
+
 }  // namespace sonicmoe

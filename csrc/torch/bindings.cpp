@@ -32,6 +32,11 @@ TORCH_LIBRARY(sonicmoe, m) {
   // being its row gather_idx[r] (a's when gather_a); see WeightGradParams in sonicmoe.h.
   m.def("weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a, "
         "bool partial_rows=False) -> Tensor");
+  // Token rounding on the device (expert-major (E, T) tensors): the rounded assignment, and the
+  // sorted layout of a dense assignment (see TokenRoundingParams, DenseLayoutParams).
+  m.def("token_rounding_assign(Tensor probs_t, Tensor chosen_t, int tile, int rule) -> (Tensor, Tensor)");
+  m.def("dense_layout(Tensor assigned_t, Tensor scores_t, int row_bound) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.
@@ -44,6 +49,8 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("combine", &sonicmoe::torch_ops::combine_cuda);
   m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cuda);
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cuda);
+  m.impl("token_rounding_assign", &sonicmoe::torch_ops::token_rounding_assign_cuda);
+  m.impl("dense_layout", &sonicmoe::torch_ops::dense_layout_cuda);
   m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cuda);
   m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cuda);
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cuda);
@@ -56,6 +63,8 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("combine", &sonicmoe::torch_ops::combine_cpu);
   m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cpu);
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cpu);
+  m.impl("token_rounding_assign", &sonicmoe::torch_ops::token_rounding_assign_cpu);
+  m.impl("dense_layout", &sonicmoe::torch_ops::dense_layout_cpu);
   m.impl("grouped_gemm_kn", &sonicmoe::torch_ops::grouped_gemm_kn_cpu);
   m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cpu);
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cpu);

@@ -36,6 +36,18 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
 at::Tensor weight_grad_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows);
 
+// token_rounding_assign(Tensor probs_t, Tensor chosen_t, int tile, int rule) -> (assigned_t, counts)
+std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cuda(const at::Tensor& probs_t, const at::Tensor& chosen_t,
+                                                              int64_t tile, int64_t rule);
+std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cpu(const at::Tensor& probs_t, const at::Tensor& chosen_t,
+                                                             int64_t tile, int64_t rule);
+
+// dense_layout(Tensor assigned_t, Tensor scores_t, int row_bound)
+//   -> (expert_offsets, gather_idx, token_offsets, rows, row_scores, sorted_scores)
+using DenseLayoutTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound);
+DenseLayoutTensors dense_layout_cpu(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound);
+
 // up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True)
 //   -> (Tensor h, Tensor a)
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,

@@ -84,6 +84,22 @@ def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False):
     return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows)
 
 
+def token_rounding_assign(probs_t, chosen_t, tile, rule):
+    """Token rounding's assignment on the device from expert-major probs_t (E, T) fp32 and the
+    top-K choice chosen_t (E, T) bool: (assigned_t (E, T) bool, counts (E,) int32). rule: 0
+    nearest, 1 up, 2 down. Same tokens as sonicmoe.routing's sort, ties included."""
+    _require_extension()
+    return torch.ops.sonicmoe.token_rounding_assign(probs_t, chosen_t, tile, rule)
+
+
+def dense_layout(assigned_t, scores_t, row_bound):
+    """DenseRoutingMetadata fields (expert_offsets, gather_idx, token_offsets, rows, row_scores,
+    sorted_scores) of an expert-major assignment (E, T) bool with scores (E, T) fp32, on the
+    device (E <= 1024)."""
+    _require_extension()
+    return torch.ops.sonicmoe.dense_layout(assigned_t, scores_t, row_bound)
+
+
 def up_proj(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -175,6 +191,18 @@ if _C is not None:
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
         return a.new_empty((a.shape[0], b.shape[2]))
+
+    @torch.library.register_fake("sonicmoe::token_rounding_assign")
+    def _token_rounding_assign_fake(probs_t, chosen_t, tile, rule):
+        return torch.empty_like(chosen_t), probs_t.new_empty((probs_t.shape[0],), dtype=torch.int32)
+
+    @torch.library.register_fake("sonicmoe::dense_layout")
+    def _dense_layout_fake(assigned_t, scores_t, row_bound):
+        E, T = assigned_t.shape
+        ints = dict(dtype=torch.int32, device=assigned_t.device)
+        floats = dict(dtype=torch.float32, device=assigned_t.device)
+        return (torch.empty(E + 1, **ints), torch.empty(row_bound, **ints), torch.empty(T + 1, **ints),
+                torch.empty(row_bound, **ints), torch.empty(row_bound, **floats), torch.empty(row_bound, **floats))
 
     @torch.library.register_fake("sonicmoe::weight_grad")
     def _weight_grad_fake(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False):

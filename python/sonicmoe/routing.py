@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._ops import ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, extension_available, router_topk
+from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, dense_layout, extension_available, router_topk,
+                   token_rounding_assign)
 
 __all__ = [
     "DenseRoutingMetadata",
@@ -125,13 +126,16 @@ def token_rounding(
         raise ValueError(f"top_k: expected 1 <= top_k <= E = {E}, got {top_k}")
 
     probs = logits.softmax(dim=-1)
-    if (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16) and E <= ROUTER_MAX_EXPERTS
-            and top_k <= ROUTER_MAX_TOP_K and extension_available()):
-        top = router_topk(logits.detach(), top_k, "topk_softmax")[1].long()  # ~4x torch.topk at E=512
-    else:
-        top = logits.topk(top_k, dim=-1).indices
+    if _on_routing_kernels(logits, E, top_k):
+        # R's top-K, then one block per expert flips what rounding changes (token_rounding.cu).
+        top = router_topk(logits.detach(), top_k, "topk_softmax")[1].long()
+        chosen_t = torch.zeros(E, T, dtype=torch.bool, device=logits.device).scatter_(0, top.t(), True)
+        probs_t = probs.detach().float().t().contiguous()
+        assigned_t, _ = token_rounding_assign(probs_t, chosen_t, tile, TOKEN_ROUNDING_RULES.index(rule))
+        assigned = assigned_t.t().contiguous()
+        return probs * assigned, assigned
     chosen = torch.zeros(T, E, dtype=torch.bool, device=logits.device)
-    chosen.scatter_(1, top, True)
+    chosen.scatter_(1, logits.topk(top_k, dim=-1).indices, True)
     counts = chosen.sum(dim=0)
     target = _rounded_counts(counts, T, tile, rule)
     if probs.element_size() <= 4:
@@ -139,6 +143,12 @@ def token_rounding(
     else:
         assigned = _assign_by_sort(probs.detach(), chosen, target)
     return probs * assigned, assigned
+
+
+def _on_routing_kernels(logits, num_experts, top_k) -> bool:
+    """CUDA logits that R's kernels take (router_topk, token_rounding_assign, dense_layout)."""
+    return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16) and extension_available()
+            and num_experts <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K)
 
 
 def _rounded_counts(counts, num_tokens, tile, rule):
@@ -219,10 +229,14 @@ def dense_row_bound(num_tokens: int, num_experts: int, top_k: int, tile: int) ->
 
 def dense_routing_metadata(scores: torch.Tensor, assigned: torch.Tensor, row_bound: int) -> DenseRoutingMetadata:
     """DenseRoutingMetadata of scores (T, E) and assigned (T, E) bool, with no host sync: every
-    tensor's size follows from the shapes and row_bound. The assigned pairs are listed by
-    nonzero_static (fixed size, no sync) twice: of assigned.T, expert-major, which is the sorted
-    layout, and of assigned, token-major, which is the entry order."""
+    tensor's size follows from the shapes and row_bound. On CUDA the dense_layout kernels build
+    it; elsewhere the assigned pairs are listed by nonzero_static (fixed size, no sync) twice: of
+    assigned.T, expert-major, which is the sorted layout, and of assigned, token-major, which is
+    the entry order."""
     T, E = assigned.shape
+    if assigned.is_cuda and extension_available() and E <= ROUTER_MAX_EXPERTS:  # token_rounding.cu
+        return DenseRoutingMetadata(*dense_layout(assigned.t().contiguous(),
+                                                  scores.detach().float().t().contiguous(), row_bound))
     device = assigned.device
     ones = assigned.to(torch.int32)
     expert_offsets = torch.zeros(E + 1, dtype=torch.int32, device=device)

@@ -1,10 +1,13 @@
 """dense_routing_metadata (token rounding's sorted layout in upper-bound buffers): checked on the
 CPU by running the kernels' pipeline in PyTorch over it against reference.moe_dense_routed."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import requires_extension
 from sonicmoe import reference
 from sonicmoe.routing import dense_routing_metadata, dense_row_bound, token_rounding
 
@@ -60,3 +63,45 @@ def test_metadata_reproduces_the_dense_reference(T, E, K, tile, rule, skew):
         assert meta.gather_idx[lo:hi].tolist() == assigned[:, e].nonzero().flatten().tolist()
     torch.testing.assert_close(pipeline_through_metadata(x, w1, w2, meta),
                                reference.moe_dense_routed(x, w1, w2, scores, assigned))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("T,E,K,tile,rule,skew", [
+    (4096, 64, 8, 128, "nearest", False), (1000, 256, 8, 16, "up", True), (3000, 1024, 4, 128, "down", False),
+    (1, 8, 2, 128, "nearest", False), (0, 8, 2, 128, "nearest", False), (777, 33, 5, 64, "up", True),
+])
+def test_dense_layout_kernels_match_the_torch_pipeline(T, E, K, tile, rule, skew):
+    # dense_layout (token_rounding.cu) against the nonzero_static pipeline, field by field.
+    from sonicmoe import routing
+    from sonicmoe._ops import dense_layout
+
+    gen = torch.Generator().manual_seed(T * 31 + E)
+    logits = torch.randn(T, E, generator=gen)
+    if skew:
+        logits[:, 0] += 3.0
+    scores, assigned = token_rounding(logits, K, tile, rule)  # CPU: the reference assignment
+    bound = dense_row_bound(T, E, K, tile)
+    want = dense_routing_metadata(scores, assigned, bound)
+    got = dense_layout(assigned.cuda().t().contiguous(), scores.float().cuda().t().contiguous(), bound)
+    for name, w, g in zip(routing.DenseRoutingMetadata._fields, want, got):
+        assert torch.equal(g.cpu(), w), name
+
+
+@requires_extension
+@pytest.mark.parametrize("op,args,message", [
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 0, 0),
+     "token_rounding_assign: tile = 0 breaks the rule: must be >= 1"),
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 128, 3),
+     "token_rounding_assign: rule = 3 breaks the rule"),
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 7, dtype=torch.bool), 128, 0),
+     "token_rounding_assign: chosen_t.shape = [4, 7] breaks the rule: must equal probs_t.shape = [4, 8]"),
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 128, 0),
+     "token_rounding_assign: probs_t.device = cpu breaks the rule: must be a CUDA device"),
+    ("dense_layout", (torch.zeros(4, 8, dtype=torch.bool), torch.zeros(4, 8), -1),
+     "dense_layout: row_bound = -1 breaks the rule"),
+    ("dense_layout", (torch.zeros(2000, 8, dtype=torch.bool), torch.zeros(2000, 8), 10),
+     "dense_layout: num_experts = 2000 breaks the rule: must be in [1, 1024]"),
+])
+def test_device_routing_ops_reject_bad_arguments(op, args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        getattr(torch.ops.sonicmoe, op)(*args)

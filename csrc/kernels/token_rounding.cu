@@ -1,0 +1,322 @@
+// Token rounding (DESIGN §6) on the device: the rounded assignment and its sorted layout, in
+// expert-major (E, T) buffers, with no host sync. Plain CUDA, arch-generic.
+//
+// Assignment, one block per expert: count the expert's top-K tokens, round the count by the
+// rule, and flip the |target - count| (< tile) tokens that rounding changes: the best-scoring
+// unchosen ones when rounding up, the worst-scoring chosen ones when rounding down. They are
+// found by a radix select on the probability bits (4 passes of 8 bits over the expert's row),
+// then an ordered pass that takes the tied tokens at the threshold by token index (lower first
+// when adding, higher first when dropping), exactly the order of sonicmoe.routing's sort.
+//
+// Layout: (1) per-expert and per-token counts, (2) one-block scans into expert_offsets and
+// token_offsets, (3) per expert, its tokens in order give its sorted rows (gather_idx,
+// sorted_scores, and each pair's row in an (E, T) scratch), (4) per block of 32 tokens, each
+// token's experts in order give its entries (rows, row_scores).
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/host_rules.h"
+#include "sonicmoe.h"
+
+namespace sonicmoe {
+namespace {
+
+constexpr int kThreads = 512;       // per expert block
+constexpr int kScanThreads = 1024;  // the one-block scans
+constexpr int kTokensPerBlock = 32; // entry placement
+
+using BlockScan = cub::BlockScan<int, kThreads>;
+using BlockReduce = cub::BlockReduce<int, kThreads>;
+
+// Rank key of token t for expert e: larger = taken first. Adding ranks unchosen tokens by
+// probability; dropping ranks chosen tokens by reversed probability (the worst first).
+// Non-negative floats order as their bits.
+__device__ __forceinline__ uint32_t rank_key(float prob, bool adding) {
+  const uint32_t bits = __float_as_uint(prob);
+  return adding ? bits : ~bits;
+}
+
+__global__ void __launch_bounds__(kThreads)
+token_rounding_assign_kernel(const float* __restrict__ probs_t, const uint8_t* __restrict__ chosen_t,
+                             int64_t num_tokens, int tile, int rule, uint8_t* __restrict__ assigned_t,
+                             int32_t* __restrict__ counts) {
+  __shared__ union {
+    typename BlockReduce::TempStorage reduce;
+    typename BlockScan::TempStorage scan;
+  } temp;
+  __shared__ int histogram[256];
+  __shared__ int shared_int[2];
+  const int e = blockIdx.x;
+  const int64_t T = num_tokens;
+  const float* probs = probs_t + e * T;  // one expert's row: coalesced along tokens
+  const uint8_t* chosen = chosen_t + e * T;
+  uint8_t* out = assigned_t + e * T;
+
+  int mine = 0;
+  for (int64_t t = threadIdx.x; t < T; t += kThreads) {
+    const uint8_t c = chosen[t];
+    out[t] = c;
+    mine += c;
+  }
+  const int count = BlockReduce(temp.reduce).Sum(mine);  // valid in thread 0
+  if (threadIdx.x == 0) {
+    int target = rule == 0 ? (count + tile / 2) / tile * tile
+               : rule == 1 ? (count + tile - 1) / tile * tile
+                           : count / tile * tile;
+    target = static_cast<int>(min(int64_t(target), T));
+    shared_int[0] = target - count;
+    counts[e] = target;
+  }
+  __syncthreads();
+  const int need = shared_int[0];
+  __syncthreads();  // shared_int is reused below
+  if (need == 0) return;
+  const bool adding = need > 0;
+  int remaining = adding ? need : -need;  // candidates still to take, < tile
+
+  // Radix select: the key of the remaining-th largest candidate, 8 bits at a time.
+  uint32_t prefix = 0, prefix_mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) histogram[i] = 0;
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < T; t += kThreads) {
+      if ((chosen[t] != 0) == adding) continue;  // not a candidate
+      const uint32_t key = rank_key(probs[t], adding);
+      if ((key & prefix_mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the digit where the count from the top reaches `remaining`
+      int digit = 255, above = 0;
+      while (above + histogram[digit] < remaining) above += histogram[digit--];
+      shared_int[0] = digit;
+      shared_int[1] = above;
+    }
+    __syncthreads();
+    prefix |= uint32_t(shared_int[0]) << shift;
+    prefix_mask |= 255u << shift;
+    remaining -= shared_int[1];
+    __syncthreads();
+  }
+  const uint32_t threshold = prefix;  // `remaining` candidates with exactly this key are taken
+
+  // Every candidate above the threshold flips; of those at it, the first `remaining` in tie
+  // order (token order when adding, reversed when dropping).
+  int taken_ties = 0;
+  for (int64_t base = 0; base < T; base += kThreads) {
+    const int64_t i = base + threadIdx.x;
+    const int64_t t = adding ? i : T - 1 - i;
+    bool candidate = false;
+    uint32_t key = 0;
+    if (i < T) {
+      candidate = (chosen[t] != 0) != adding;
+      key = rank_key(probs[t], adding);
+    }
+    const int tie = candidate && key == threshold;
+    int rank, ties;
+    BlockScan(temp.scan).ExclusiveSum(tie, rank, ties);
+    if (candidate && (key > threshold || (tie && taken_ties + rank < remaining))) out[t] ^= 1;
+    taken_ties += ties;
+    __syncthreads();  // temp.scan is reused
+    if (taken_ties >= remaining && base + kThreads < T) {
+      // Only keys above the threshold remain to flip: finish without the scan.
+      for (int64_t j = base + kThreads + threadIdx.x; j < T; j += kThreads) {
+        const int64_t u = adding ? j : T - 1 - j;
+        if ((chosen[u] != 0) != adding && rank_key(probs[u], adding) > threshold) out[u] ^= 1;
+      }
+      break;
+    }
+  }
+}
+
+// Per-expert counts of an (E, T) assignment: its row sums.
+__global__ void __launch_bounds__(kThreads)
+expert_count_kernel(const uint8_t* __restrict__ assigned_t, int64_t num_tokens, int32_t* __restrict__ counts) {
+  __shared__ typename BlockReduce::TempStorage temp;
+  int mine = 0;
+  for (int64_t t = threadIdx.x; t < num_tokens; t += kThreads) mine += assigned_t[blockIdx.x * num_tokens + t];
+  const int total = BlockReduce(temp).Sum(mine);
+  if (threadIdx.x == 0) counts[blockIdx.x] = total;
+}
+
+// Per-token counts of an (E, T) assignment, 32 tokens per block through a shared tile.
+__global__ void __launch_bounds__(kThreads)
+token_counts_kernel(const uint8_t* __restrict__ assigned_t, int64_t num_tokens, int num_experts,
+                    int32_t* __restrict__ token_counts) {
+  const int64_t t0 = int64_t(blockIdx.x) * kTokensPerBlock;
+  const int lane = threadIdx.x % kTokensPerBlock;
+  int mine = 0;
+  for (int e = threadIdx.x / kTokensPerBlock; e < num_experts; e += kThreads / kTokensPerBlock)
+    if (t0 + lane < num_tokens) mine += assigned_t[e * num_tokens + t0 + lane];
+  __shared__ int partial[kThreads];
+  partial[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x < kTokensPerBlock && t0 + threadIdx.x < num_tokens) {
+    int sum = 0;
+    for (int j = threadIdx.x; j < kThreads; j += kTokensPerBlock) sum += partial[j];
+    token_counts[t0 + threadIdx.x] = sum;
+  }
+}
+
+// out[0] = 0, out[i + 1] = in[0] + ... + in[i], for any n, in one block (a carried loop).
+__global__ void __launch_bounds__(kScanThreads)
+exclusive_scan_kernel(const int32_t* __restrict__ in, int64_t n, int32_t* __restrict__ out) {
+  using Scan = cub::BlockScan<int, kScanThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  int carry = 0;
+  if (threadIdx.x == 0) out[0] = 0;
+  for (int64_t base = 0; base < n; base += kScanThreads) {
+    const int64_t i = base + threadIdx.x;
+    int inclusive, total;
+    Scan(temp).InclusiveSum(i < n ? in[i] : 0, inclusive, total);
+    if (i < n) out[i + 1] = carry + inclusive;
+    carry += total;
+    __syncthreads();
+  }
+}
+
+// Per expert: its assigned tokens in order are its sorted rows.
+__global__ void __launch_bounds__(kThreads)
+expert_rows_kernel(const uint8_t* __restrict__ assigned_t, const float* __restrict__ scores_t,
+                   int64_t num_tokens, const int32_t* __restrict__ expert_offsets,
+                   int32_t* __restrict__ gather_idx, float* __restrict__ sorted_scores,
+                   int32_t* __restrict__ row_of) {
+  __shared__ typename BlockScan::TempStorage temp;
+  const int e = blockIdx.x;
+  const int64_t T = num_tokens;
+  int row = expert_offsets[e];
+  for (int64_t base = 0; base < T; base += kThreads) {
+    const int64_t t = base + threadIdx.x;
+    const int mine = t < T ? assigned_t[e * T + t] : 0;
+    int rank, total;
+    BlockScan(temp).ExclusiveSum(mine, rank, total);
+    if (mine) {
+      gather_idx[row + rank] = static_cast<int32_t>(t);
+      sorted_scores[row + rank] = scores_t[e * T + t];
+      row_of[e * T + t] = row + rank;
+    }
+    row += total;
+    __syncthreads();
+  }
+}
+
+// Per token: its assigned experts in order are its entries. A block stages 32 tokens' column of
+// the assignment (coalesced along tokens), then warp w walks tokens w, w + 16, ...
+__global__ void __launch_bounds__(kThreads)
+token_entries_kernel(const uint8_t* __restrict__ assigned_t, const float* __restrict__ scores_t,
+                     const int32_t* __restrict__ row_of, int64_t num_tokens, int num_experts,
+                     const int32_t* __restrict__ token_offsets, int32_t* __restrict__ rows,
+                     float* __restrict__ row_scores) {
+  extern __shared__ uint8_t tile[];  // [num_experts][kTokensPerBlock]
+  const int64_t T = num_tokens;
+  const int64_t t0 = int64_t(blockIdx.x) * kTokensPerBlock;
+  for (int i = threadIdx.x; i < num_experts * kTokensPerBlock; i += kThreads) {
+    const int e = i / kTokensPerBlock, j = i % kTokensPerBlock;
+    tile[i] = t0 + j < T ? assigned_t[e * T + t0 + j] : 0;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int j = warp; j < kTokensPerBlock; j += kThreads / 32) {
+    const int64_t t = t0 + j;
+    if (t >= T) break;
+    int entry = token_offsets[t];
+    for (int e0 = 0; e0 < num_experts; e0 += 32) {
+      const int e = e0 + lane;
+      const bool mine = e < num_experts && tile[e * kTokensPerBlock + j];
+      const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+      if (mine) {
+        const int at = entry + __popc(ballot & ((1u << lane) - 1));
+        rows[at] = row_of[e * T + t];
+        row_scores[at] = scores_t[e * T + t];
+      }
+      entry += __popc(ballot);
+    }
+  }
+}
+
+}  // namespace
+
+std::string check_token_rounding(const TokenRoundingParams& p) {
+  auto rule = [](const char* name, int64_t v, const char* r) { return rule_message("token_rounding_assign", name, v, r); };
+  if (p.num_experts < 1) return rule("num_experts", p.num_experts, "must be >= 1");
+  if (p.num_tokens < 0 || p.num_tokens * p.num_experts > INT32_MAX)
+    return rule("num_tokens", p.num_tokens, "num_tokens * num_experts must fit in int32");
+  if (p.tile < 1) return rule("tile", p.tile, "must be >= 1");
+  if (p.rule < 0 || p.rule > 2) return rule("rule", p.rule, "must be 0 (nearest), 1 (up) or 2 (down)");
+  return {};
+}
+
+Status run_token_rounding_assign(const TokenRoundingParams& p) {
+  const std::string problem = check_token_rounding(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.counts == nullptr) return Status::error("token_rounding_assign: counts must be non-null");
+  if (p.num_tokens == 0) {  // every expert keeps its 0 tokens
+    SONICMOE_CUDA_TRY(cudaMemsetAsync(p.counts, 0, sizeof(int32_t) * p.num_experts, p.stream));
+    return Status::success();
+  }
+  if (p.probs_t == nullptr || p.chosen_t == nullptr || p.assigned_t == nullptr)
+    return Status::error("token_rounding_assign: probs_t, chosen_t and assigned_t must be non-null");
+  token_rounding_assign_kernel<<<p.num_experts, kThreads, 0, p.stream>>>(
+      p.probs_t, p.chosen_t, p.num_tokens, p.tile, p.rule, p.assigned_t, p.counts);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+std::string check_dense_layout(const DenseLayoutParams& p) {
+  auto rule = [](const char* name, int64_t v, const char* r) { return rule_message("dense_layout", name, v, r); };
+  if (p.num_experts < 1 || p.num_experts > kMaxRouterExperts)
+    return rule("num_experts", p.num_experts, "must be in [1, 1024]");
+  if (p.num_tokens < 0 || p.num_tokens * p.num_experts > INT32_MAX)
+    return rule("num_tokens", p.num_tokens, "num_tokens * num_experts must fit in int32");
+  return {};
+}
+
+size_t dense_layout_workspace_size(int64_t num_tokens, int num_experts) {
+  // counts (E), token counts (T), row_of (E x T)
+  return sizeof(int32_t) * (size_t(num_experts) + size_t(num_tokens) + size_t(num_experts) * num_tokens);
+}
+
+Status run_dense_layout(const DenseLayoutParams& p) {
+  const std::string problem = check_dense_layout(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.expert_offsets == nullptr || p.token_offsets == nullptr ||
+      (p.num_tokens > 0 && (p.assigned_t == nullptr || p.scores_t == nullptr || p.workspace == nullptr)))
+    return Status::error("dense_layout: assigned_t, scores_t, the outputs and workspace must be non-null");
+  if (p.workspace_bytes < dense_layout_workspace_size(p.num_tokens, p.num_experts))
+    return Status::error("dense_layout: workspace smaller than dense_layout_workspace_size()");
+  auto* expert_counts = static_cast<int32_t*>(p.workspace);
+  int32_t* token_counts = expert_counts + p.num_experts;
+  int32_t* row_of = token_counts + p.num_tokens;
+  const int64_t T = p.num_tokens;
+  const int token_blocks = static_cast<int>((T + kTokensPerBlock - 1) / kTokensPerBlock);
+
+  if (T == 0) {
+    SONICMOE_CUDA_TRY(cudaMemsetAsync(p.expert_offsets, 0, sizeof(int32_t) * (p.num_experts + 1), p.stream));
+    SONICMOE_CUDA_TRY(cudaMemsetAsync(p.token_offsets, 0, sizeof(int32_t), p.stream));
+    return Status::success();
+  }
+  expert_count_kernel<<<p.num_experts, kThreads, 0, p.stream>>>(p.assigned_t, T, expert_counts);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  token_counts_kernel<<<token_blocks, kThreads, 0, p.stream>>>(p.assigned_t, T, p.num_experts, token_counts);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  exclusive_scan_kernel<<<1, kScanThreads, 0, p.stream>>>(expert_counts, p.num_experts, p.expert_offsets);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  exclusive_scan_kernel<<<1, kScanThreads, 0, p.stream>>>(token_counts, T, p.token_offsets);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  expert_rows_kernel<<<p.num_experts, kThreads, 0, p.stream>>>(p.assigned_t, p.scores_t, T, p.expert_offsets,
+                                                               p.gather_idx, p.sorted_scores, row_of);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  const size_t smem = size_t(p.num_experts) * kTokensPerBlock;
+  token_entries_kernel<<<token_blocks, kThreads, smem, p.stream>>>(p.assigned_t, p.scores_t, row_of, T,
+                                                                  p.num_experts, p.token_offsets, p.rows,
+                                                                  p.row_scores);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace sonicmoe

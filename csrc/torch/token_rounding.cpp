@@ -1,0 +1,126 @@
+// torch.ops.sonicmoe.token_rounding_assign and dense_layout (token rounding on the device):
+// validation, allocation, launch. Both take expert-major (E, T) tensors.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <climits>
+#include <tuple>
+
+#include "sonicmoe.h"
+#include "torch/checks.h"
+#include "torch/ops.h"
+
+namespace sonicmoe::torch_ops {
+namespace {
+
+void check_token_rounding_args(const at::Tensor& probs_t, const at::Tensor& chosen_t, int64_t tile,
+                               int64_t rule) {
+  constexpr const char* kOp = "token_rounding_assign";
+  check_dtype(kOp, probs_t, "probs_t", at::kFloat);
+  check_dtype(kOp, chosen_t, "chosen_t", at::kBool);
+  check_dim(kOp, probs_t, "probs_t", 2, "(E, T)");
+  check_arg(chosen_t.sizes() == probs_t.sizes(), kOp, "chosen_t.shape", list_text(chosen_t.sizes()),
+            "must equal probs_t.shape = " + list_text(probs_t.sizes()));
+  check_contiguous(kOp, probs_t, "probs_t");
+  check_contiguous(kOp, chosen_t, "chosen_t");
+  TokenRoundingParams p;
+  p.num_experts = static_cast<int>(std::min<int64_t>(probs_t.size(0), INT32_MAX));
+  p.num_tokens = probs_t.size(1);
+  p.tile = static_cast<int>(std::clamp<int64_t>(tile, INT32_MIN, INT32_MAX));
+  p.rule = static_cast<int>(std::clamp<int64_t>(rule, INT32_MIN, INT32_MAX));
+  const std::string problem = check_token_rounding(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+void check_dense_layout_args(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
+  constexpr const char* kOp = "dense_layout";
+  check_dtype(kOp, assigned_t, "assigned_t", at::kBool);
+  check_dtype(kOp, scores_t, "scores_t", at::kFloat);
+  check_dim(kOp, assigned_t, "assigned_t", 2, "(E, T)");
+  check_arg(scores_t.sizes() == assigned_t.sizes(), kOp, "scores_t.shape", list_text(scores_t.sizes()),
+            "must equal assigned_t.shape = " + list_text(assigned_t.sizes()));
+  check_contiguous(kOp, assigned_t, "assigned_t");
+  check_contiguous(kOp, scores_t, "scores_t");
+  check_arg(row_bound >= 0 && row_bound <= INT32_MAX, kOp, "row_bound", text(row_bound),
+            "must be in [0, 2^31 - 1] (and at least the number of assigned pairs)");
+  DenseLayoutParams p;
+  p.num_experts = static_cast<int>(std::min<int64_t>(assigned_t.size(0), INT32_MAX));
+  p.num_tokens = assigned_t.size(1);
+  const std::string problem = check_dense_layout(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cuda(const at::Tensor& probs_t, const at::Tensor& chosen_t,
+                                                              int64_t tile, int64_t rule) {
+  check_token_rounding_args(probs_t, chosen_t, tile, rule);
+  check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});
+  const c10::cuda::CUDAGuard guard(probs_t.device());
+  at::Tensor assigned_t = at::empty_like(chosen_t);
+  at::Tensor counts = at::empty({probs_t.size(0)}, probs_t.options().dtype(at::kInt));
+  TokenRoundingParams p;
+  p.probs_t = probs_t.data_ptr<float>();
+  p.chosen_t = reinterpret_cast<const uint8_t*>(chosen_t.data_ptr<bool>());
+  p.assigned_t = reinterpret_cast<uint8_t*>(assigned_t.data_ptr<bool>());
+  p.counts = counts.data_ptr<int32_t>();
+  p.num_experts = static_cast<int>(probs_t.size(0));
+  p.num_tokens = probs_t.size(1);
+  p.tile = static_cast<int>(tile);
+  p.rule = static_cast<int>(rule);
+  p.stream = c10::cuda::getCurrentCUDAStream(probs_t.get_device()).stream();
+  const Status status = run_token_rounding_assign(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return {assigned_t, counts};
+}
+
+std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cpu(const at::Tensor& probs_t, const at::Tensor& chosen_t,
+                                                             int64_t tile, int64_t rule) {
+  check_token_rounding_args(probs_t, chosen_t, tile, rule);
+  check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});  // raises
+  return {};
+}
+
+DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
+  check_dense_layout_args(assigned_t, scores_t, row_bound);
+  check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});
+  const c10::cuda::CUDAGuard guard(assigned_t.device());
+  const int64_t E = assigned_t.size(0), T = assigned_t.size(1);
+  const auto int_options = assigned_t.options().dtype(at::kInt);
+  const auto float_options = assigned_t.options().dtype(at::kFloat);
+  at::Tensor expert_offsets = at::empty({E + 1}, int_options);
+  at::Tensor token_offsets = at::empty({T + 1}, int_options);
+  // Past the M assigned pairs: token 0, row 0, score 0 (DenseRoutingMetadata).
+  at::Tensor gather_idx = at::zeros({row_bound}, int_options);
+  at::Tensor rows = at::zeros({row_bound}, int_options);
+  at::Tensor row_scores = at::zeros({row_bound}, float_options);
+  at::Tensor sorted_scores = at::zeros({row_bound}, float_options);
+  DenseLayoutParams p;
+  p.assigned_t = reinterpret_cast<const uint8_t*>(assigned_t.data_ptr<bool>());
+  p.scores_t = scores_t.data_ptr<float>();
+  p.num_experts = static_cast<int>(E);
+  p.num_tokens = T;
+  p.expert_offsets = expert_offsets.data_ptr<int32_t>();
+  p.gather_idx = gather_idx.data_ptr<int32_t>();
+  p.sorted_scores = sorted_scores.data_ptr<float>();
+  p.token_offsets = token_offsets.data_ptr<int32_t>();
+  p.rows = rows.data_ptr<int32_t>();
+  p.row_scores = row_scores.data_ptr<float>();
+  p.workspace_bytes = dense_layout_workspace_size(T, p.num_experts);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(p.workspace_bytes)}, assigned_t.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  p.stream = c10::cuda::getCurrentCUDAStream(assigned_t.get_device()).stream();
+  const Status status = run_dense_layout(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return {expert_offsets, gather_idx, token_offsets, rows, row_scores, sorted_scores};
+}
+
+DenseLayoutTensors dense_layout_cpu(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
+  check_dense_layout_args(assigned_t, scores_t, row_bound);
+  check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});  // raises
+  return {};
+}
+
+}  // namespace sonicmoe::torch_ops
