@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/host_rules.h"
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sonicmoe.h"
@@ -11,10 +12,8 @@ namespace sonicmoe {
 namespace {
 
 std::string value_rule(const char* name, int64_t value, const char* rule) {
-  return std::string("down_proj_grad: ") + name + " = " + std::to_string(value) + " breaks the rule: " + rule;
+  return rule_message("down_proj_grad", name, value, rule);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
