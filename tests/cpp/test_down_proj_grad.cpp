@@ -11,16 +11,7 @@ namespace {
 
 using sonicmoe::DownProjGradParams;
 
-DownProjGradParams valid_shape() {
-  DownProjGradParams p;
-  p.num_tokens = 4096;
-  p.m_total = 4096 * 8;
-  p.d = 1536;
-  p.n = 256;
-  p.num_experts = 128;
-  p.sm_count = 132;
-  return p;
-}
+DownProjGradParams valid_shape() { return sonicmoe::test::expert_mlp_shape<DownProjGradParams>(); }
 
 TEST(DownProjGradHost, rejects_bad_shapes_naming_argument_value_rule) {
   const sonicmoe::test::RejectionCase<DownProjGradParams> cases[] = {
