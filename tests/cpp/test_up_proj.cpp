@@ -21,16 +21,7 @@ using sonicmoe::test::from_bf16;
 using sonicmoe::test::hopper_available;
 using sonicmoe::test::to_bf16;
 
-UpProjParams valid_shape() {
-  UpProjParams p;
-  p.num_tokens = 4096;
-  p.m_total = 4096 * 8;
-  p.d = 1536;
-  p.n = 256;
-  p.num_experts = 128;
-  p.sm_count = 132;
-  return p;
-}
+UpProjParams valid_shape() { return sonicmoe::test::expert_mlp_shape<UpProjParams>(); }
 
 // ---------------------------------------------------------------- host logic, no GPU needed
 

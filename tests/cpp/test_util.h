@@ -33,6 +33,19 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
+// A valid expert-MLP problem (paper-7b-n256 at T = 4096) for the host-rule tests of K1 and K4.
+template <class Params>
+Params expert_mlp_shape() {
+  Params p;
+  p.num_tokens = 4096;
+  p.m_total = 4096 * 8;
+  p.d = 1536;
+  p.n = 256;
+  p.num_experts = 128;
+  p.sm_count = 132;
+  return p;
+}
+
 // (d, n, E) of the anchor configs (shared/anchors).
 struct AnchorShape {
   int64_t d, n;

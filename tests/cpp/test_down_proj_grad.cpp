@@ -1,0 +1,32 @@
+// GoogleTest of the backward through the down-projection (K4): host rules (run anywhere).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "sonicmoe.h"
+#include "test_util.h"
+
+namespace {
+
+using sonicmoe::DownProjGradParams;
+
+DownProjGradParams valid_shape() { return sonicmoe::test::expert_mlp_shape<DownProjGradParams>(); }
+
+TEST(DownProjGradHost, rejects_bad_shapes_naming_argument_value_rule) {
+  const sonicmoe::test::RejectionCase<DownProjGradParams> cases[] = {
+      {[](DownProjGradParams& p) { p.num_experts = 0; }, "down_proj_grad: num_experts = 0 breaks the rule: must be >= 1"},
+      {[](DownProjGradParams& p) { p.m_total = -1; }, "down_proj_grad: m_total = -1 breaks the rule"},
+      {[](DownProjGradParams& p) { p.d = 100; }, "down_proj_grad: d = 100 breaks the rule: must be a positive multiple of 8"},
+      {[](DownProjGradParams& p) { p.n = 4; }, "down_proj_grad: n = 4 breaks the rule"},
+      {[](DownProjGradParams& p) { p.sm_count = 0; }, "down_proj_grad: sm_count = 0 breaks the rule"},
+      {[](DownProjGradParams& p) { p.m_total = INT32_MAX; p.n = 1 << 20; }, "tiles must fit in int32"},
+  };
+  sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_down_proj_grad);
+}
+
+TEST(DownProjGradHost, run_rejects_null_pointers_before_any_launch) {
+  EXPECT_NE(sonicmoe::run_down_proj_grad(valid_shape()).message.find("must be non-null"), std::string::npos);
+}
+
+}  // namespace
