@@ -33,6 +33,37 @@ __device__ __forceinline__ void accumulate(float (&acc)[kVec], uint4 raw, float 
   }
 }
 
+// acc += score * (chunk v of y[row]) for the `count` (row, score) pairs held by lanes 0..count-1
+// (broadcast by shuffles), loading kLoadBatch rows before accumulating them in order.
+__device__ __forceinline__ void accumulate_rows(float (&acc)[kVec], const uint4* __restrict__ y,
+                                                int64_t vecs_per_row, int64_t v, int count, int32_t my_row,
+                                                float my_score) {
+  for (int k0 = 0; k0 < count; k0 += kLoadBatch) {
+    uint4 raw[kLoadBatch];
+    float s[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int k = k0 + j;
+      const int32_t row = __shfl_sync(0xffffffff, my_row, k < count ? k : 0);
+      s[j] = __shfl_sync(0xffffffff, my_score, k < count ? k : 0);
+      raw[j] = (k < count && v < vecs_per_row) ? __ldg(&y[int64_t(row) * vecs_per_row + v])
+                                               : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      if (k0 + j < count) accumulate(acc, raw[j], s[j]);
+    }
+  }
+}
+
+__device__ __forceinline__ void store_bf16(uint4* dst, const float (&acc)[kVec]) {
+  uint4 packed;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < kVec / 2; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+  *dst = packed;
+}
+
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
                const int32_t* __restrict__ rev_idx, uint4* __restrict__ out, int64_t num_tokens,
@@ -56,29 +87,8 @@ combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
 
   for (int64_t v = lane; v - lane < vecs_per_row; v += 32) {
     float acc[kVec] = {};
-    for (int k0 = 0; k0 < top_k; k0 += kLoadBatch) {
-      uint4 raw[kLoadBatch];
-      float s[kLoadBatch];
-#pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) {
-        const int k = k0 + j;
-        const int32_t row = __shfl_sync(0xffffffff, my_row, k < top_k ? k : 0);
-        s[j] = __shfl_sync(0xffffffff, my_score, k < top_k ? k : 0);
-        raw[j] = (k < top_k && v < vecs_per_row) ? __ldg(&y[int64_t(row) * vecs_per_row + v])
-                                                 : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) {
-        if (k0 + j < top_k) accumulate(acc, raw[j], s[j]);
-      }
-    }
-    if (v < vecs_per_row) {
-      uint4 packed;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-      for (int i = 0; i < kVec / 2; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-      out[t * vecs_per_row + v] = packed;
-    }
+    accumulate_rows(acc, y, vecs_per_row, v, top_k, my_row, my_score);
+    if (v < vecs_per_row) store_bf16(&out[t * vecs_per_row + v], acc);
   }
 }
 
@@ -109,30 +119,9 @@ combine_csr_kernel(const uint4* __restrict__ y, const float* __restrict__ row_sc
           __trap();
         }
       }
-      for (int k0 = 0; k0 < count; k0 += kLoadBatch) {
-        uint4 raw[kLoadBatch];
-        float s[kLoadBatch];
-#pragma unroll
-        for (int j = 0; j < kLoadBatch; ++j) {
-          const int k = k0 + j;
-          const int32_t row = __shfl_sync(0xffffffff, my_row, k < count ? k : 0);
-          s[j] = __shfl_sync(0xffffffff, my_score, k < count ? k : 0);
-          raw[j] = (k < count && v < vecs_per_row) ? __ldg(&y[int64_t(row) * vecs_per_row + v])
-                                                   : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int j = 0; j < kLoadBatch; ++j) {
-          if (k0 + j < count) accumulate(acc, raw[j], s[j]);
-        }
-      }
+      accumulate_rows(acc, y, vecs_per_row, v, count, my_row, my_score);
     }
-    if (v < vecs_per_row) {
-      uint4 packed;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-      for (int i = 0; i < kVec / 2; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-      out[t * vecs_per_row + v] = packed;
-    }
+    if (v < vecs_per_row) store_bf16(&out[t * vecs_per_row + v], acc);
   }
 }
 
