@@ -320,6 +320,17 @@ def bench_token_rounding(cfg, tile=128):
     return row
 
 
+def per_config(names, bench, path, **extra):
+    """bench(name) for each config (freeing the allocator's cache between them), saved as JSON
+    {"rows": [...], **extra} at path; returns the rows."""
+    rows = []
+    for name in names:
+        rows.append(bench(name))
+        torch.cuda.empty_cache()
+    path.write_text(json.dumps({**extra, "rows": rows}, indent=1))
+    return rows
+
+
 def plot(rows, path):
     import matplotlib
 
@@ -359,12 +370,9 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     warm_up_gpu()
     if "combine" in ops:
-        combine_rows = []
-        for name in names:
-            combine_rows.append(bench_combine(name, configs[name]))
-            torch.cuda.empty_cache()
         ceiling = anchors.get("ceilings", {}).get("device_copy_GBps")
-        (out / "combine.json").write_text(json.dumps({"ceiling_copy_GBps": ceiling, "rows": combine_rows}, indent=1))
+        combine_rows = per_config(names, lambda name: bench_combine(name, configs[name]), out / "combine.json",
+                                  ceiling_copy_GBps=ceiling)
         print(f"{'config':<18}{'T':>7}{'K':>4}{'d':>6}{'ms':>8}{'GB/s':>8}{'of copy':>9}{'torch GB/s':>12}{'err':>9}")
         for r in combine_rows:
             frac = r["sonicmoe_GBps"] / ceiling if ceiling else float("nan")
@@ -372,11 +380,8 @@ def main():
                   f"{r['sonicmoe_GBps']:>8.0f}{frac:>9.2f}{r['torch_GBps']:>12.0f}{r['rel_err']:>9.1e}")
         print(f"(combine: bytes = T*K*d*2 read + T*d*2 written + indices; copy ceiling {ceiling} GB/s)\n")
     if "moe_forward" in ops:
-        fwd_rows = []
-        for name in names:
-            fwd_rows.append(bench_moe_forward(name, configs[name], anchors["rows"]))
-            torch.cuda.empty_cache()
-        (out / "moe_forward.json").write_text(json.dumps({"rows": fwd_rows}, indent=1))
+        fwd_rows = per_config(names, lambda name: bench_moe_forward(name, configs[name], anchors["rows"]),
+                              out / "moe_forward.json")
         print(f"{'config':<18}{'ours fwd':>10}{'torch gmm':>11}{'ratio':>7}{'upstream*':>11}"
               f"{'vs up':>7}{'ours no_grad':>14}")
         for r in fwd_rows:
@@ -408,11 +413,8 @@ def main():
         print("(ms; forward under no_grad; exp = the forward's expert part from given routing decisions: "
               "sorted layout, K1, K2, K3; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
     if "backward_kernels" in ops:
-        kernel_rows = []
-        for name in names:
-            kernel_rows.append(bench_backward_kernels(name, configs[name]))
-            torch.cuda.empty_cache()
-        (out / "backward_kernels.json").write_text(json.dumps({"rows": kernel_rows}, indent=1))
+        kernel_rows = per_config(names, lambda name: bench_backward_kernels(name, configs[name]),
+                                 out / "backward_kernels.json")
         parts = ("K4_down_proj_grad", "K6_grouped_gemm_kn", "K5_weight_grad_dw2", "K7_weight_grad_dw1",
                  "gather_gmm_dw2", "gather_gmm_dw1")
         print(f"{'config':<18}" + "".join(f"{p:>20}" for p in parts))
@@ -420,11 +422,8 @@ def main():
             print(f"{r['config']:<18}" + "".join(f"{r[p + '_us']:>10.0f} {r[p + '_tflops']:>6.1f} TF" for p in parts))
         print("(us and TFLOP/s per call; K5/K7 = weight_grad, gather_gmm = gathered copy + torch._grouped_mm)\n")
     if "moe_backward" in ops:
-        bwd_rows = []
-        for name in names:
-            bwd_rows.append(bench_moe_backward(name, configs[name], anchors["rows"]))
-            torch.cuda.empty_cache()
-        (out / "moe_backward.json").write_text(json.dumps({"rows": bwd_rows}, indent=1))
+        bwd_rows = per_config(names, lambda name: bench_moe_backward(name, configs[name], anchors["rows"]),
+                              out / "moe_backward.json")
         print(f"{'config':<18}{'bwd':>8}{'torch':>8}{'up*':>8}{'fwd+bwd':>9}{'torch':>8}{'up*':>8}"
               f"{'kept MiB':>10}{'torch':>9}{'up*':>9}")
         fmt = lambda v, w, p=1: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731

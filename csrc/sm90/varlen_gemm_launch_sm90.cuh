@@ -129,4 +129,21 @@ Status launch_varlen_k_gemm(typename Kernel::Params& params, const int32_t* expe
 // The tile shape both varlen kernels use (measured: docs/perf-notes.md).
 constexpr int kVarlenTileM = 128, kVarlenTileN = 128, kVarlenTileK = 64, kVarlenStages = 6;
 
+// out = a @ W on the varlen kernel: contiguous A by TMA, masked row stores. K2 reads the
+// weights K-major, b (E, n_out, k); K6 N-major, b (E, k, n_out). Each one's unit instantiates it.
+template <bool kKMajorB>
+Status run_varlen_store_gemm(const GroupedGemmParams& p) {
+  using Mainloop = VarlenMainloop<kVarlenTileM, kVarlenTileN, kVarlenTileK, kVarlenStages,
+                                  /*gather=*/false, kKMajorB>;
+  using Kernel = VarlenGemmKernel<Mainloop, StoreEpilogue<kVarlenTileM, kVarlenTileN>>;
+  typename Kernel::Params params{};
+  SONICMOE_TRY(make_rows_tensor_map<Mainloop>(&params.mainloop.tma_a, p.a, p.m_total, p.k));
+  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.b, p.n_out, p.k, p.num_experts));
+  params.mainloop.k = static_cast<int>(p.k);
+  params.epilogue.out = static_cast<cutlass::bfloat16_t*>(p.out);
+  params.epilogue.n_out = static_cast<int>(p.n_out);
+  return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
+                                    p.stream, p.partial_rows);
+}
+
 }  // namespace sonicmoe::sm90
