@@ -5,7 +5,8 @@ x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No ga
 of x and no separate activation pass exist, and nothing syncs with the host, so the forward
 can be captured in a CUDA graph.
 
-Backward: K4 to K8 from x, H, the scores and the metadata, with no gathered copy of dO or x.
+Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients go
+through torch._grouped_mm over gathered copies until our K5/K7 (weight_grad) outrun it.
 Token rounding runs the same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
@@ -18,8 +19,7 @@ import torch.nn.functional as F
 
 from . import reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
-                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj,
-                   weight_grad)
+                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
 from .routing import dense_routing_metadata, dense_row_bound, scores_from_logits, token_rounding
 
 __all__ = ["moe", "moe_routed"]
@@ -67,17 +67,27 @@ def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_id
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
     K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
-    score gradient; K6 gives dX~ = dH @ w1 per row; K5 (dW2 = dO[gather]^T A') and K7
-    (dW1 = dH^T x[gather]) reduce over each expert's rows with the gather inside their loads.
-    Returns (dx_rows, dw1, dw2, d_row_score)."""
+    score gradient; K6 gives dX~ = dH @ w1 per row. The weight gradients still go through
+    torch._grouped_mm over gathered copies of dO and x: our K5/K7 (weight_grad, the gather in
+    the loads) are correct, but with the prefetching producer they still measure 288-351
+    TFLOP/s against 400-565 for this path on the H200 at the larger configs
+    (docs/perf-notes.md), so the layer keeps this path until they outrun it. Rows past offsets[E] are
+    outside every group, so partial_rows buffers are fine. Returns (dx_rows, dw1, dw2, d_row_score)."""
     need_x, need_w1, need_w2, need_scores = ctx.needs_input_grad[:4]
     d_out = grad_out.to(torch.bfloat16).contiguous()
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
                                                     partial_rows=partial_rows)
     d_row_score = d_score_partial.sum(dim=1) if need_scores else None
     dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows) if need_x else None
-    dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows) if need_w2 else None
-    dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows) if need_w1 else None
+    has_rows = (offsets[1:] > offsets[:-1]).view(-1, 1, 1)
+    ends = offsets[1:]
+    zero = torch.zeros((), dtype=torch.bfloat16, device=x.device)
+    dw1 = dw2 = None
+    if need_w2:  # interim (K5): gathered copy of dO
+        d_out_rows = d_out[gather_idx.long()]
+        dw2 = torch.where(has_rows, torch._grouped_mm(d_out_rows.t(), a_scaled, offs=ends), zero)
+    if need_w1:  # interim (K7): gathered copy of x
+        dw1 = torch.where(has_rows, torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends), zero)
     return dx_rows, dw1, dw2, d_row_score
 
 
