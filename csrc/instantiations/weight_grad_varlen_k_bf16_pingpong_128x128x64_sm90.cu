@@ -38,7 +38,9 @@ Status run(const WeightGradParams& p) {
 }  // namespace
 
 Status run_weight_grad(const WeightGradParams& p) {
-  if (p.partial_rows) return p.gather_a ? run<true, false>(p) : run<false, false>(p);
+  // No rows at all: nothing is read (every tile stores zeros), and TMA cannot describe an
+  // empty tensor; partial_rows: rows past offsets[E] were never written, so no whole-box loads.
+  if (p.partial_rows || p.m_total == 0) return p.gather_a ? run<true, false>(p) : run<false, false>(p);
   return p.gather_a ? run<true, true>(p) : run<false, true>(p);
 }
 

@@ -5,8 +5,9 @@ x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No ga
 of x and no separate activation pass exist, and nothing syncs with the host, so the forward
 can be captured in a CUDA graph.
 
-Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients go
-through torch._grouped_mm over gathered copies until our K5/K7 (weight_grad) outrun it.
+Backward: K4, K6 and K8 from x, H, the scores and the metadata; in eager mode the weight
+gradients go through torch._grouped_mm over gathered copies until our K5/K7 (weight_grad)
+outrun it, and compiled graphs run K5/K7 (see _experts_backward).
 Token rounding runs the same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
@@ -19,7 +20,8 @@ import torch.nn.functional as F
 
 from . import reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
-                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj)
+                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj,
+                   weight_grad)
 from .routing import dense_routing_metadata, dense_row_bound, scores_from_logits, token_rounding
 
 __all__ = ["moe", "moe_routed"]
@@ -67,22 +69,32 @@ def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_id
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
     K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
-    score gradient; K6 gives dX~ = dH @ w1 per row. The weight gradients still go through
-    torch._grouped_mm over gathered copies of dO and x: our K5/K7 (weight_grad, the gather in
-    the loads) are correct, but with the prefetching producer they still measure 288-351
-    TFLOP/s against 400-565 for this path on the H200 at the larger configs
-    (docs/perf-notes.md), so the layer keeps this path until they outrun it. Rows past offsets[E] are
-    outside every group, so partial_rows buffers are fine. Returns (dx_rows, dw1, dw2, d_row_score)."""
+    score gradient; K6 gives dX~ = dH @ w1 per row.
+
+    The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) are correct, but
+    with the prefetching producer they still measure 288-351 TFLOP/s against 400-565 for
+    torch._grouped_mm over gathered copies of dO and x at the larger configs on the H200
+    (docs/perf-notes.md), so eager runs that interim path (rows past offsets[E] are outside
+    every group, so partial_rows buffers are fine). Under torch.compile it cannot stay: Inductor
+    stores the gathered copy K-contiguous, where torch._grouped_mm needs every group's row count
+    to be a multiple of 8 (a device-side assert otherwise), so compiled graphs run K5/K7.
+    Returns (dx_rows, dw1, dw2, d_row_score)."""
     need_x, need_w1, need_w2, need_scores = ctx.needs_input_grad[:4]
     d_out = grad_out.to(torch.bfloat16).contiguous()
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
                                                     partial_rows=partial_rows)
     d_row_score = d_score_partial.sum(dim=1) if need_scores else None
     dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows) if need_x else None
+    dw1 = dw2 = None
+    if torch.compiler.is_compiling():
+        if need_w2:
+            dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows)
+        if need_w1:
+            dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows)
+        return dx_rows, dw1, dw2, d_row_score
     has_rows = (offsets[1:] > offsets[:-1]).view(-1, 1, 1)
     ends = offsets[1:]
     zero = torch.zeros((), dtype=torch.bfloat16, device=x.device)
-    dw1 = dw2 = None
     if need_w2:  # interim (K5): gathered copy of dO
         d_out_rows = d_out[gather_idx.long()]
         dw2 = torch.where(has_rows, torch._grouped_mm(d_out_rows.t(), a_scaled, offs=ends), zero)

@@ -119,9 +119,12 @@ struct VarlenKMainloop {
     for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
       const int stage = iteration % kStages;
       if (kt + 1 < num_k_tiles) load_tokens(kt + 1, next_tokens);
-      bool bad = false;  // rows past the expert hold token 0
+      bool bad = false;  // only the expert's rows are checked: the others hold a 0 never read
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kPasses; ++j) bad |= tokens[j] < 0 || tokens[j] >= p.gather_src_rows;
+      for (int j = 0; j < kPasses; ++j) {
+        const bool row_ok = kt * kTileK + thread_idx / kChunks + j * kRowsPerPass < tile.k_rows;
+        bad |= row_ok && (tokens[j] < 0 || tokens[j] >= p.gather_src_rows);
+      }
       if (bad) __trap();  // a token out of range; no printf: see the kernel
       cutlass::arch::ClusterBarrier::wait(&bar.empty[stage], ((iteration / kStages) & 1) ^ 1);
       if constexpr (kTmaDense) {
