@@ -92,6 +92,22 @@ struct VarlenMainloop {
     cute::prefetch_tma_descriptor(&p.tma_b);
   }
 
+  // Gather geometry: thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 j, j < kPasses.
+  static constexpr int kChunksPerRow = kTileK * sizeof(Element) / 16;
+  static constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;
+  static constexpr int kPasses = kTileM / kRowsPerPass;
+  static constexpr uint32_t kPassBytes = kRowsPerPass * kTileK * sizeof(Element);
+
+  // Byte offset in a stage of a thread's first chunk (row r, chunk c), as the 128-byte swizzle
+  // of SmemLayoutA places it (the hardware pattern: within each 1024-byte atom of 8 rows, byte
+  // address bits [4, 7) ^= bits [7, 10)), so chunk c of row r sits at chunk c ^ (r % 8). The
+  // up_proj and down_proj_grad GPU tests check it end to end. A pass moves 16 rows,
+  // two whole atoms, so later passes sit kPassBytes further on with the same XOR pattern:
+  // one offset per thread replaces per-copy swizzle math (the producer was issue-bound on it).
+  static constexpr uint32_t gather_offset(int r, int c) {
+    return (r / 8) * 1024 + (r % 8) * 128 + ((c ^ (r % 8)) * 16);
+  }
+
   // Producer side of one tile. `iteration` counts k steps over all tiles of this CTA (the
   // ring position); `b_rows[i]` is the weight row where B box i of this tile starts.
   // Called by all kProducerThreads threads (thread_idx in [0, 128)).
@@ -102,25 +118,23 @@ struct VarlenMainloop {
     constexpr uint64_t kCacheHint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
     const bool tma_issuer = thread_idx == 0;
     if (!kGatherA && !tma_issuer) return;
-    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemLayoutA{});
 
-    // Gather: thread t copies 16-byte chunk (t % 8) of rows t / 8 + 16 j, j < 8. It keeps the
-    // token of each row (-1 past the tile's rows), not a pointer: half the registers, and the
-    // producer runs on few (kernel: setmaxnreg).
-    constexpr int kChunksPerRow = kTileK * sizeof(Element) / 16;
-    constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;
-    constexpr int kPasses = kTileM / kRowsPerPass;
-    int tokens[kGatherA ? kPasses : 1];
+    // Gather: one source pointer per pass, set once per tile. Rows past the tile's rows copy the
+    // tile's first row instead (always valid: a tile has >= 1 row); their results are never
+    // stored, and no copy needs a row predicate.
     const int chunk = thread_idx % kChunksPerRow;
+    const Element* src[kGatherA ? kPasses : 1];
+    uint32_t dst = 0;
     if constexpr (kGatherA) {
+      const int row0 = thread_idx / kChunksPerRow;
+      dst = cute::cast_smem_ptr_to_uint(s.a) + gather_offset(row0, chunk);
+      const int first = __ldg(p.gather_idx + tile.row_start);
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kPasses; ++j) {
-        const int r = thread_idx / kChunksPerRow + j * kRowsPerPass;
-        tokens[j] = -1;
-        if (r < tile.rows) {
-          tokens[j] = __ldg(p.gather_idx + tile.row_start + r);
-          if (tokens[j] < 0 || tokens[j] >= p.gather_src_rows) __trap();  // no printf: see the kernel
-        }
+        const int r = row0 + j * kRowsPerPass;
+        const int token = r < tile.rows ? __ldg(p.gather_idx + tile.row_start + r) : first;
+        if (token < 0 || token >= p.gather_src_rows) __trap();  // no printf: see the kernel
+        src[j] = p.gather_src + int64_t(token) * p.k + chunk * 8;
       }
     }
 
@@ -148,14 +162,12 @@ struct VarlenMainloop {
         }
       }
       if constexpr (kGatherA) {
-        const int col = k0 + chunk * 8;
+        // Columns past k (a partial last step) are zero-filled; nothing is read for them.
+        const bool col_ok = k0 + chunk * 8 < p.k;
+        const int step = col_ok ? k0 : 0;
+        const uint32_t stage_dst = dst + stage * kBytesA;
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kPasses; ++j) {
-          const int r = thread_idx / kChunksPerRow + j * kRowsPerPass;
-          const bool valid = tokens[j] >= 0 && col < p.k;
-          const Element* src = valid ? p.gather_src + int64_t(tokens[j]) * p.k + col : p.gather_src;
-          cp_async_16_zfill(&sA(r, chunk * 8, stage), src, valid);
-        }
+        for (int j = 0; j < kPasses; ++j) cp_async_16_zfill(stage_dst + j * kPassBytes, src[j] + step, col_ok);
         cutlass::arch::cpasync_barrier_arrive_noinc(&bar.full[stage]);
       }
     }

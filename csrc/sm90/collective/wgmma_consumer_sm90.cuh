@@ -34,12 +34,14 @@ struct StageBarriers {
 };
 
 // Copies 16 bytes global -> shared, or writes 16 zero bytes when !valid (nothing is read then).
-__device__ inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
-  const uint32_t dst = cute::cast_smem_ptr_to_uint(smem_dst);
+__device__ inline void cp_async_16_zfill(uint32_t dst, const void* gmem_src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
                "l"(gmem_src), "r"(src_bytes)
                : "memory");
+}
+__device__ inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  cp_async_16_zfill(cute::cast_smem_ptr_to_uint(smem_dst), gmem_src, valid);
 }
 
 // accum = A_tile @ B_tile^T over num_k_tiles stages of the ring, starting at ring position
