@@ -41,6 +41,13 @@ inline Status make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank,
                                    const uint32_t* box, const char* what) {
   auto encode = tensor_map_encoder();
   if (encode == nullptr) return Status::error("grouped GEMM: cuTensorMapEncodeTiled is unavailable");
+  // The driver call needs the device's context current in this thread. A thread whose first
+  // CUDA work is ours has none (autograd's backward thread, when a backward starts with our
+  // op: CUresult 201), and torch's device guard skips cudaSetDevice when the index already
+  // matches; cudaSetDevice binds the primary context.
+  int device = 0;
+  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+  SONICMOE_CUDA_TRY(cudaSetDevice(device));
   cuuint64_t d[3], s[2];
   cuuint32_t b[3], e[3];
   for (int i = 0; i < rank; ++i) {
