@@ -172,6 +172,17 @@ class _MoEDenseExperts(torch.autograd.Function):
         return dx, dw1, dw2, dscores, None, None, None, None
 
 
+_DENSE_EAGER_REASON = (
+    "sonicmoe: token rounding's expert MLPs run eagerly under torch.compile: traced, their backward "
+    "gave wrong input gradients on the H200 (2026-11-29, under investigation), so torch.compile "
+    "breaks the graph around them (fullgraph=True cannot compile routing='token_rounding')")
+
+
+@torch.compiler.disable(reason=_DENSE_EAGER_REASON)
+def _dense_experts(x, w1, w2, scores, assigned, top_k, tile, keep_h):
+    return _MoEDenseExperts.apply(x, w1, w2, scores, assigned, top_k, tile, keep_h)
+
+
 def moe_routed(x, w1, w2, scores, experts):
     """Expert MLPs (SwiGLU) for any router's decisions; gradients flow into scores.
 
@@ -205,7 +216,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         x2 = x.reshape(-1, d)
         scores, assigned = token_rounding(F.linear(x2, router_weight).float(), top_k, tile, rule)
         keep_h = _grad_enabled_for(x2, w1, w2, scores)
-        return _MoEDenseExperts.apply(x2, w1, w2, scores, assigned, top_k, tile, keep_h).reshape(x.shape)
+        return _dense_experts(x2, w1, w2, scores, assigned, top_k, tile, keep_h).reshape(x.shape)
     x2 = x.reshape(-1, d)
     logits = F.linear(x2, router_weight)
     kernel_router = router_weight.shape[0] <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K
