@@ -15,16 +15,24 @@
 namespace sonicmoe::torch_ops {
 namespace {
 
+// Two expert-major (E, T) inputs of one op: their dtypes, the first 2-D, the second of its
+// shape, both contiguous (in that order: the order a user would fix them).
+void check_expert_major_pair(const char* op, const at::Tensor& first, const char* first_name,
+                             at::ScalarType first_dtype, const at::Tensor& second, const char* second_name,
+                             at::ScalarType second_dtype) {
+  check_dtype(op, first, first_name, first_dtype);
+  check_dtype(op, second, second_name, second_dtype);
+  check_dim(op, first, first_name, 2, "(E, T)");
+  check_arg(second.sizes() == first.sizes(), op, std::string(second_name) + ".shape", list_text(second.sizes()),
+            std::string("must equal ") + first_name + ".shape = " + list_text(first.sizes()));
+  check_contiguous(op, first, first_name);
+  check_contiguous(op, second, second_name);
+}
+
 void check_token_rounding_args(const at::Tensor& probs_t, const at::Tensor& chosen_t, int64_t tile,
                                int64_t rule) {
   constexpr const char* kOp = "token_rounding_assign";
-  check_dtype(kOp, probs_t, "probs_t", at::kFloat);
-  check_dtype(kOp, chosen_t, "chosen_t", at::kBool);
-  check_dim(kOp, probs_t, "probs_t", 2, "(E, T)");
-  check_arg(chosen_t.sizes() == probs_t.sizes(), kOp, "chosen_t.shape", list_text(chosen_t.sizes()),
-            "must equal probs_t.shape = " + list_text(probs_t.sizes()));
-  check_contiguous(kOp, probs_t, "probs_t");
-  check_contiguous(kOp, chosen_t, "chosen_t");
+  check_expert_major_pair(kOp, probs_t, "probs_t", at::kFloat, chosen_t, "chosen_t", at::kBool);
   TokenRoundingParams p;
   p.num_experts = static_cast<int>(std::min<int64_t>(probs_t.size(0), INT32_MAX));
   p.num_tokens = probs_t.size(1);
@@ -36,13 +44,7 @@ void check_token_rounding_args(const at::Tensor& probs_t, const at::Tensor& chos
 
 void check_dense_layout_args(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
   constexpr const char* kOp = "dense_layout";
-  check_dtype(kOp, assigned_t, "assigned_t", at::kBool);
-  check_dtype(kOp, scores_t, "scores_t", at::kFloat);
-  check_dim(kOp, assigned_t, "assigned_t", 2, "(E, T)");
-  check_arg(scores_t.sizes() == assigned_t.sizes(), kOp, "scores_t.shape", list_text(scores_t.sizes()),
-            "must equal assigned_t.shape = " + list_text(assigned_t.sizes()));
-  check_contiguous(kOp, assigned_t, "assigned_t");
-  check_contiguous(kOp, scores_t, "scores_t");
+  check_expert_major_pair(kOp, assigned_t, "assigned_t", at::kBool, scores_t, "scores_t", at::kFloat);
   check_arg(row_bound >= 0 && row_bound <= INT32_MAX, kOp, "row_bound", text(row_bound),
             "must be in [0, 2^31 - 1] (and at least the number of assigned pairs)");
   DenseLayoutParams p;
