@@ -7,6 +7,8 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
   the torch reference (GB/s, against the device copy ceiling);
 - moe_forward: the layer's forward (training mode, and no_grad) against a torch._grouped_mm layer;
 - moe_backward: backward and forward+backward TFLOP/s and the memory kept after the forward;
+- forward_kernels: K1 and K2 one by one on each varlen configuration (ping-pong 128x128,
+  cooperative 128x256 and 256x128), and K2 on CUTLASS's ptr-array kernel, TFLOP/s of each;
 - backward_kernels: the backward's kernels one by one (K4, K6, K5, K7) beside the interim weight
   gradients (gather + torch._grouped_mm), TFLOP/s of each;
 - token_rounding: token rounding against top-K on the two sweeps of DESIGN §6.
@@ -230,10 +232,10 @@ def bench_moe_backward(name, cfg, anchor_rows):
 
 
 # Issue "token rounding": sweeps of (T, d, n, K) with E varied.
-def bench_backward_kernels(name, cfg):
-    """The backward's GEMMs one by one at a config (balanced random routing), with the interim
-    weight-gradient path (gathered copy + torch._grouped_mm) beside K5/K7 in the same run."""
-    from sonicmoe._ops import device_routing_metadata, down_proj_grad, grouped_gemm_kn, weight_grad
+def expert_inputs(cfg):
+    """x, w1, w2 and the sorted-layout metadata (offsets, gather_idx) of balanced random top-K
+    routing at a config: the per-kernel benchmarks' inputs."""
+    from sonicmoe._ops import device_routing_metadata
 
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
     x = torch.randn(T, d, device="cuda").bfloat16()
@@ -241,7 +243,16 @@ def bench_backward_kernels(name, cfg):
     w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16()
     _, experts = sonicmoe.router_topk(torch.randn(T, E, device="cuda"), K, "topk_softmax")
     meta = device_routing_metadata(experts, E)
-    off, g = meta.expert_offsets, meta.gather_idx
+    return x, w1, w2, meta.expert_offsets, meta.gather_idx
+
+
+def bench_backward_kernels(name, cfg):
+    """The backward's GEMMs one by one at a config (balanced random routing), with the interim
+    weight-gradient path (gathered copy + torch._grouped_mm) beside K5/K7 in the same run."""
+    from sonicmoe._ops import down_proj_grad, grouped_gemm_kn, weight_grad
+
+    T, d, n, K = cfg["T"], cfg["d"], cfg["n"], cfg["K"]
+    x, w1, w2, off, g = expert_inputs(cfg)
     h, _ = sonicmoe.up_proj(x, w1, off, g)
     d_out = torch.randn(T, d, device="cuda").bfloat16()
     row_score = torch.rand(T * K, device="cuda")
@@ -250,17 +261,47 @@ def bench_backward_kernels(name, cfg):
     fns = {
         "K4_down_proj_grad": (lambda: down_proj_grad(d_out, w2, h, row_score, off, g), gemm),
         "K6_grouped_gemm_kn": (lambda: grouped_gemm_kn(d_h, w1, off), 2 * gemm),
+        **{f"K4_{short}": ((lambda t: lambda: down_proj_grad(d_out, w2, h, row_score, off, g, tile_config=t))(tile), gemm)
+           for tile, short in VARLEN_TILES.items() if short not in ("pp", "co_n256")},
+        **{f"K6_{short}": ((lambda t: lambda: grouped_gemm_kn(d_h, w1, off, tile_config=t))(tile), 2 * gemm)
+           for tile, short in VARLEN_TILES.items() if short != "pp"},
         "K5_weight_grad_dw2": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),
         "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False), 2 * gemm),
         "gather_gmm_dw2": (lambda: torch._grouped_mm(d_out[g.long()].t(), a_scaled, offs=off[1:]), gemm),
         "gather_gmm_dw1": (lambda: torch._grouped_mm(d_h.t(), x[g.long()], offs=off[1:]), 2 * gemm),
     }
+    return time_kernels(name, fns)
+
+
+def time_kernels(name, fns):
+    """One row of per-kernel times: fns maps a name to (callable, FLOPs per call)."""
     ms = time_interleaved({k: fn for k, (fn, _) in fns.items()}, rounds=3, iters=10)
     row = {"config": name}
     for k, (_, flops) in fns.items():
         row[f"{k}_us"] = ms[k] * 1e3
         row[f"{k}_tflops"] = flops / ms[k] / 1e9
     return row
+
+
+def bench_forward_kernels(name, cfg):
+    """K1 and K2 one by one at a config (balanced random routing) on each varlen configuration,
+    and K2 on CUTLASS's ptr-array kernel (auto), in the same run."""
+    T, d, n, K = cfg["T"], cfg["d"], cfg["n"], cfg["K"]
+    x, w1, w2, off, g = expert_inputs(cfg)
+    _, a = sonicmoe.up_proj(x, w1, off, g)
+    gemm = 2.0 * T * K * d * n  # one d x n GEMM over the T*K rows
+    k2 = lambda tile: lambda: sonicmoe.grouped_gemm(a, w2, off, tile_config=tile)  # noqa: E731
+    k1 = lambda tile: lambda: sonicmoe.up_proj(x, w1, off, g, tile_config=tile)  # noqa: E731
+    fns = {"K2_auto": (k2("auto"), gemm)}
+    for tile, short in VARLEN_TILES.items():
+        fns[f"K1_{short}"] = (k1(tile), 2 * gemm)
+        fns[f"K2_{short}"] = (k2(tile), gemm)
+    return time_kernels(name, fns)
+
+
+# The varlen kernel's configurations, by their short names in the forward_kernels table.
+VARLEN_TILES = {"varlen_pingpong_128x128x64": "pp", "varlen_cooperative_128x256x64": "co_n256",
+                "varlen_cooperative_256x128x64": "co_m256"}
 
 
 TOKEN_ROUNDING_SWEEPS = {
@@ -412,15 +453,25 @@ def main():
                   f"{r['token_rounding_fwd_bwd_ms']:>8.3f}")
         print("(ms; forward under no_grad; exp = the forward's expert part from given routing decisions: "
               "sorted layout, K1, K2, K3; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
-    if "backward_kernels" in ops:
-        kernel_rows = per_config(names, lambda name: bench_backward_kernels(name, configs[name]),
-                                 out / "backward_kernels.json")
-        parts = ("K4_down_proj_grad", "K6_grouped_gemm_kn", "K5_weight_grad_dw2", "K7_weight_grad_dw1",
-                 "gather_gmm_dw2", "gather_gmm_dw1")
+    kernel_tables = {
+        "forward_kernels": (bench_forward_kernels,
+                            tuple(f"K{i}_{short}" for i in (1, 2) for short in VARLEN_TILES.values()) + ("K2_auto",),
+                            "pp = ping-pong 128x128, co_n256 / co_m256 = cooperative 128x256 / 256x128; "
+                            "K2_auto = CUTLASS ptr-array"),
+        "backward_kernels": (bench_backward_kernels,
+                             ("K4_down_proj_grad", "K4_co_m256", "K6_grouped_gemm_kn", "K6_co_n256", "K6_co_m256",
+                              "K5_weight_grad_dw2", "K7_weight_grad_dw1", "gather_gmm_dw2", "gather_gmm_dw1"),
+                             "K4/K6 = ping-pong 128x128, _co_n256 / _co_m256 = cooperative 128x256 / 256x128; "
+                             "K5/K7 = weight_grad, gather_gmm = gathered copy + torch._grouped_mm"),
+    }
+    for op, (bench_fn, parts, note) in kernel_tables.items():
+        if op not in ops:
+            continue
+        kernel_rows = per_config(names, lambda name: bench_fn(name, configs[name]), out / f"{op}.json")
         print(f"{'config':<18}" + "".join(f"{p:>20}" for p in parts))
         for r in kernel_rows:
             print(f"{r['config']:<18}" + "".join(f"{r[p + '_us']:>10.0f} {r[p + '_tflops']:>6.1f} TF" for p in parts))
-        print("(us and TFLOP/s per call; K5/K7 = weight_grad, gather_gmm = gathered copy + torch._grouped_mm)\n")
+        print(f"(us and TFLOP/s per call; {note})\n")
     if "moe_backward" in ops:
         bwd_rows = per_config(names, lambda name: bench_moe_backward(name, configs[name], anchors["rows"]),
                               out / "moe_backward.json")

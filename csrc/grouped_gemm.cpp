@@ -60,13 +60,11 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
     return value_rule("config", config, "must name a GemmTileConfig");
   const int layout = static_cast<int>(p.b_layout);
   if (layout < 0 || layout > 1) return value_rule("b_layout", layout, "must name a WeightLayout (0 NK, 1 KN)");
-  if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto &&
-      p.config != GemmTileConfig::kVarlenPingpong128x128x64)
+  if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
     return value_rule("config", config,
-                      "b_layout KN (b is (E, k, n_out)) runs on the varlen kernel only: use 0 (auto) or 7");
-  if (p.partial_rows && p.config != GemmTileConfig::kAuto &&
-      p.config != GemmTileConfig::kVarlenPingpong128x128x64)
-    return value_rule("config", config, "partial_rows runs on the varlen kernel only: use 0 (auto) or 7");
+                      "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 9");
+  if (p.partial_rows && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
+    return value_rule("config", config, "partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 9");
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,
@@ -91,7 +89,22 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   problem = check_grouped_gemm_pointers(params);
   if (!problem.empty()) return Status::error(problem);
 
-  if (params.b_layout == WeightLayout::kKN) return sm90::run_varlen_grouped_gemm_kn(params);
+  if (params.b_layout == WeightLayout::kKN) {
+    switch (params.config) {
+      case GemmTileConfig::kVarlenCooperative128x256x64:
+        return sm90::run_varlen_grouped_gemm_kn_cooperative_128x256(params);
+      case GemmTileConfig::kVarlenCooperative256x128x64:
+        return sm90::run_varlen_grouped_gemm_kn_cooperative_256x128(params);
+      default: return sm90::run_varlen_grouped_gemm_kn(params);  // kAuto, kVarlenPingpong128x128x64
+    }
+  }
+  switch (params.config) {
+    case GemmTileConfig::kVarlenCooperative128x256x64:
+      return sm90::run_varlen_grouped_gemm_cooperative_128x256(params);
+    case GemmTileConfig::kVarlenCooperative256x128x64:
+      return sm90::run_varlen_grouped_gemm_cooperative_256x128(params);
+    default: break;
+  }
   if (params.partial_rows) return sm90::run_varlen_grouped_gemm(params);
   GemmTileConfig config = params.config;
   if (config == GemmTileConfig::kAuto)

@@ -33,8 +33,18 @@ enum class GemmTileConfig : int {
   // Our own varlen kernel (csrc/sm90/varlen_gemm_kernel_sm90.cuh): one TMA descriptor per
   // tensor and a scheduler reading expert_offsets, instead of CUTLASS's ptr-array grouped GEMM.
   kVarlenPingpong128x128x64 = 7,
+  // The varlen kernel with both consumer warpgroups on one tile: 128 x 256 (64 rows each; a
+  // gathered A row serves 256 output columns) or 256 x 128 (128 rows each).
+  kVarlenCooperative128x256x64 = 8,
+  kVarlenCooperative256x128x64 = 9,
 };
-constexpr int kNumGemmTileConfigs = 8;  // including kAuto
+constexpr int kNumGemmTileConfigs = 10;  // including kAuto
+
+// The varlen kernel's configurations (K1 runs on these only).
+constexpr bool is_varlen_config(GemmTileConfig c) {
+  return c == GemmTileConfig::kVarlenPingpong128x128x64 || c == GemmTileConfig::kVarlenCooperative128x256x64 ||
+         c == GemmTileConfig::kVarlenCooperative256x128x64;
+}
 
 // How the grouped GEMM's per-expert matrix b[e] is stored.
 enum class WeightLayout : int {
@@ -103,6 +113,8 @@ struct UpProjParams {
   int num_experts = 0;
   int sm_count = 0;
   bool partial_rows = false;  // as in GroupedGemmParams
+  // kAuto or a varlen configuration (is_varlen_config); kAuto: sm90/heuristics.h (choose_up_proj_config).
+  GemmTileConfig config = GemmTileConfig::kAuto;
   cudaStream_t stream = nullptr;
 };
 
@@ -135,6 +147,7 @@ struct DownProjGradParams {
   int num_experts = 0;
   int sm_count = 0;
   bool partial_rows = false;  // as in GroupedGemmParams
+  GemmTileConfig config = GemmTileConfig::kAuto;  // as in UpProjParams
   cudaStream_t stream = nullptr;
 };
 constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial slot

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "sm90/grouped_gemm_sm90.h"
+#include "sm90/heuristics.h"
 #include "common/tile_size.h"
 #include "common/host_rules.h"
 #include "sonicmoe.h"
@@ -28,7 +29,12 @@ Status run_up_proj(const UpProjParams& p) {
     return Status::error("up_proj: x, w1, expert_offsets, gather_idx and a must be non-null");
   if (!aligned16(p.x) || !aligned16(p.w1) || !aligned16(p.a) || (p.h != nullptr && !aligned16(p.h)))
     return Status::error("up_proj: x, w1, h and a must be 16-byte aligned");
-  return sm90::run_up_proj(p);
+  const GemmTileConfig config = p.config == GemmTileConfig::kAuto ? sm90::choose_up_proj_config(p.n) : p.config;
+  switch (config) {
+    case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_up_proj_cooperative_128x256(p);
+    case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_up_proj_cooperative_256x128(p);
+    default: return sm90::run_up_proj(p);  // kVarlenPingpong128x128x64
+  }
 }
 
 }  // namespace sonicmoe

@@ -30,6 +30,8 @@ constexpr GemmTileShape gemm_tile_shape(GemmTileConfig config) {
     // No cluster: no multicast, no cluster-wide barriers; each CTA loads its own B tile.
     case GemmTileConfig::kPingpong128x128x64C1x1: return {128, 128, 64, 1, 1, true};
     case GemmTileConfig::kVarlenPingpong128x128x64: return {128, 128, 64, 1, 1, true};
+    case GemmTileConfig::kVarlenCooperative128x256x64: return {128, 256, 64, 1, 1, false};
+    case GemmTileConfig::kVarlenCooperative256x128x64: return {256, 128, 64, 1, 1, false};
     case GemmTileConfig::kAuto: break;
   }
   return {0, 0, 0, 0, 0, false};
@@ -45,12 +47,14 @@ constexpr const char* gemm_tile_config_name(GemmTileConfig config) {
     case GemmTileConfig::kPingpong128x128x128: return "pingpong_128x128x128_c2x1";
     case GemmTileConfig::kPingpong128x128x64C1x1: return "pingpong_128x128x64_c1x1";
     case GemmTileConfig::kVarlenPingpong128x128x64: return "varlen_pingpong_128x128x64";
+    case GemmTileConfig::kVarlenCooperative128x256x64: return "varlen_cooperative_128x256x64";
+    case GemmTileConfig::kVarlenCooperative256x128x64: return "varlen_cooperative_256x128x64";
   }
   return "unknown";
 }
 
 // The configurations built on CUTLASS's ptr-array grouped GEMM, for code that must visit them
-// all (dispatch, workspace size). kVarlenPingpong128x128x64 is dispatched on its own.
+// all (dispatch, workspace size). The kVarlen* configurations are dispatched on their own.
 template <GemmTileConfig... Configs>
 struct GemmTileConfigList {};
 using PtrArrayGemmTileConfigs =

@@ -18,15 +18,25 @@ Status run_grouped_gemm(const GroupedGemmParams& params);
 
 // K2 on our varlen kernel (GemmTileConfig::kVarlenPingpong128x128x64); needs no workspace.
 Status run_varlen_grouped_gemm(const GroupedGemmParams& params);
+// The same with both consumer warpgroups on one tile (kVarlenCooperative128x256x64, 256x128x64).
+Status run_varlen_grouped_gemm_cooperative_128x256(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_cooperative_256x128(const GroupedGemmParams& params);
 
-// K6 layout: out = a @ b[e], b (E, k, n_out) (WeightLayout::kKN), on the varlen kernel.
+// K6 layout: out = a @ b[e], b (E, k, n_out) (WeightLayout::kKN), on the varlen kernel, one
+// per varlen configuration.
 Status run_varlen_grouped_gemm_kn(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_cooperative_128x256(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_cooperative_256x128(const GroupedGemmParams& params);
 
-// K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed.
+// K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed, one per varlen
+// configuration with 128-column tiles.
 Status run_down_proj_grad(const DownProjGradParams& params);
+Status run_down_proj_grad_cooperative_256x128(const DownProjGradParams& params);
 
-// K1 (run_up_proj of sonicmoe.h) once the host rules have passed.
+// K1 (run_up_proj of sonicmoe.h) once the host rules have passed, one per varlen configuration.
 Status run_up_proj(const UpProjParams& params);
+Status run_up_proj_cooperative_128x256(const UpProjParams& params);
+Status run_up_proj_cooperative_256x128(const UpProjParams& params);
 
 // K5 / K7 (run_weight_grad of sonicmoe.h) once the host rules have passed.
 Status run_weight_grad(const WeightGradParams& params);

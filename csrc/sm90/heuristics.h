@@ -17,8 +17,19 @@ inline GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out,
   if (rows_per_expert <= 64) return GemmTileConfig::kPingpong64x128x128;
   // A short K loop leaves little MMA to hide a ping-pong epilogue behind; the 128x256
   // cooperative tile stores fewer, larger tiles (paper-7b-n256: k = 256).
-  if (k <= 256) return GemmTileConfig::kCooperative128x256x64;
+  // Our varlen kernel beats the ptr-array ones at a short K loop (paper-7b-n256, k = 256:
+  // 420 vs 450 µs) and with few rows per expert over many experts (deepseek-v3, 512 rows x 256
+  // experts: 7238 vs 8558 µs); the ptr-array ping-pong tile wins by 2-11% elsewhere.
+  if (k <= 256 || rows_per_expert <= 512) return GemmTileConfig::kVarlenPingpong128x128x64;
   return GemmTileConfig::kPingpong128x128x64;
+}
+
+// K1's tile: cooperative 128 x 256 (a gathered x row serves 128 gate and 128 up columns, half
+// the gather work per FLOP) where n fills its 128-column halves; it measured 1-46% faster than
+// ping-pong 128 x 128 on 7 of the 8 anchor configs (1.5% slower at paper-7b-n1024).
+// Otherwise ping-pong, whose 64-column halves waste less of a partial N block.
+inline GemmTileConfig choose_up_proj_config(int64_t n) {
+  return n % 128 == 0 ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenPingpong128x128x64;
 }
 
 }  // namespace sonicmoe::sm90

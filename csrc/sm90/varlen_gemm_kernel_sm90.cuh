@@ -4,9 +4,11 @@
 // (fusion/varlen_epilogue_sm90.cuh).
 //
 // 384 threads: warpgroup 0 produces (TMA, or cp.async gather plus TMA), warpgroups 1 and 2
-// consume in ping-pong: they take alternate tiles of the CTA's persistent sequence, so one
-// warpgroup's epilogue runs while the other's WGMMAs keep the tensor cores busy. Register
-// budgets are rebalanced with setmaxnreg (producer 40 / 72 when gathering, consumers 232 / 216).
+// consume, either in ping-pong (Mainloop::kConsumers == 1: they take alternate tiles of the
+// CTA's persistent sequence, so one warpgroup's epilogue runs while the other's WGMMAs keep
+// the tensor cores busy) or cooperatively (kConsumers == 2: both work on every tile, 128 rows
+// each). Register budgets are rebalanced with setmaxnreg (producer 40 / 72 when gathering,
+// consumers 232 / 216).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,8 @@ struct VarlenGemmKernel {
   using Scheduler = Scheduler_;
   static constexpr int kTileM = Mainloop::kTileM;
   static constexpr int kTileN = Mainloop::kTileN;
+  static constexpr bool kCooperative = Mainloop::kConsumers == 2;
+  static_assert(Mainloop::kConsumers == 1 || kCooperative, "one or two consumer warpgroups per tile");
   static constexpr int kThreads = 384;
   // The gathering producer holds row tokens and cp.async addresses; at 56 registers it spilled
   // in its k loop (ncu: ~0.9M local-memory requests per call, K1 stalled on them).
@@ -99,23 +103,30 @@ struct VarlenGemmKernel {
 
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
+    // The MMA's thread index: within the warpgroup (ping-pong), or across both (cooperative).
+    const int mma_thread = kCooperative ? threadIdx.x - 128 : thread_in_warpgroup;
     typename Mainloop::TiledMma tiled_mma;
-    auto thr_mma = tiled_mma.get_thread_slice(thread_in_warpgroup);
+    auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
     Tensor accum = partition_fragment_C(tiled_mma, Shape<Int<kTileM>, Int<kTileN>>{});
     Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
     const bool warp_leader = thread_in_warpgroup % 32 == 0;
     for (int j = 0; scheduler.next(tile); ++j) {
-      if (j % 2 != consumer) {  // the other consumer's tile: skip its k steps in the ring
-        iteration += Mainloop::k_tiles(p.mainloop, tile);
-        continue;
+      if constexpr (!kCooperative) {
+        if (j % 2 != consumer) {  // the other consumer's tile: skip its k steps in the ring
+          iteration += Mainloop::k_tiles(p.mainloop, tile);
+          continue;
+        }
+        // Ping-pong order: tile j's mainloop starts once tile j - 1's has been issued by the
+        // other consumer. Besides alternating the tensor cores between the two, this keeps every
+        // wait on a stage barrier within one phase of that barrier: a consumer skips the other's
+        // k steps, and a parity wait more than one phase ahead would pass on stale data.
+        if (j > 0) cutlass::arch::ClusterBarrier::wait(&s.mma_turn[consumer], ((j - 1) / 2) & 1);
       }
-      // Ping-pong order: tile j's mainloop starts once tile j - 1's has been issued by the
-      // other consumer. Besides alternating the tensor cores between the two, this keeps every
-      // wait on a stage barrier within one phase of that barrier: a consumer skips the other's
-      // k steps, and a parity wait more than one phase ahead would pass on stale data.
-      if (j > 0) cutlass::arch::ClusterBarrier::wait(&s.mma_turn[consumer], ((j - 1) / 2) & 1);
-      Mainloop::mma(p.mainloop, s.mainloop, s.stage_barriers, accum, tile, iteration, thread_in_warpgroup);
-      if (warp_leader) cutlass::arch::ClusterBarrier::arrive(&s.mma_turn[1 - consumer]);
+      Mainloop::mma(p.mainloop, s.mainloop, s.stage_barriers, accum, tile, iteration, mma_thread);
+      if constexpr (!kCooperative) {
+        if (warp_leader) cutlass::arch::ClusterBarrier::arrive(&s.mma_turn[1 - consumer]);
+      }
+      // Each warpgroup stores its own accumulator rows through its own staging buffer.
       Epilogue::store(p.epilogue, s.epilogue[consumer], accum, coords, tile, thread_in_warpgroup,
                       /*barrier_id=*/consumer);
     }

@@ -133,22 +133,75 @@ Status launch_varlen_k_gemm(typename Kernel::Params& params, const int32_t* expe
                                    rows_end_early, int64_t(num_experts) * m_blocks * n_blocks);
 }
 
-// The tile shape both varlen kernels use (measured: docs/perf-notes.md).
+// The ping-pong tile shape of the varlen kernels (measured: docs/perf-notes.md); K5/K7 use it.
 constexpr int kVarlenTileM = 128, kVarlenTileN = 128, kVarlenTileK = 64, kVarlenStages = 6;
+// A cooperative tile's stage is 48 KB: 4 of them and the two staging buffers fill smem.
+constexpr int kVarlenCooperativeStages = 4;
+
+// The varlen-M mainloop of a varlen configuration (tile_size.h).
+template <GemmTileConfig kConfig, bool kGatherA, bool kKMajorB>
+using VarlenMainloopFor =
+    VarlenMainloop<gemm_tile_shape(kConfig).m, gemm_tile_shape(kConfig).n, kVarlenTileK,
+                   gemm_tile_shape(kConfig).pingpong ? kVarlenStages : kVarlenCooperativeStages, kGatherA,
+                   kKMajorB, gemm_tile_shape(kConfig).pingpong ? 1 : 2>;
 
 // out = a @ W on the varlen kernel: contiguous A by TMA, masked row stores. K2 reads the
-// weights K-major, b (E, n_out, k); K6 N-major, b (E, k, n_out). Each one's unit instantiates it.
-template <bool kKMajorB>
+// weights K-major, b (E, n_out, k); K6 N-major, b (E, k, n_out). Each unit instantiates it for
+// one varlen configuration.
+template <bool kKMajorB, GemmTileConfig kConfig = GemmTileConfig::kVarlenPingpong128x128x64>
 Status run_varlen_store_gemm(const GroupedGemmParams& p) {
-  using Mainloop = VarlenMainloop<kVarlenTileM, kVarlenTileN, kVarlenTileK, kVarlenStages,
-                                  /*gather=*/false, kKMajorB>;
-  using Kernel = VarlenGemmKernel<Mainloop, StoreEpilogue<kVarlenTileM, kVarlenTileN>>;
+  using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/false, kKMajorB>;
+  using Kernel = VarlenGemmKernel<Mainloop, StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_rows_tensor_map<Mainloop>(&params.mainloop.tma_a, p.a, p.m_total, p.k));
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.b, p.n_out, p.k, p.num_experts));
   params.mainloop.k = static_cast<int>(p.k);
   params.epilogue.out = static_cast<cutlass::bfloat16_t*>(p.out);
   params.epilogue.n_out = static_cast<int>(p.n_out);
+  return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
+                                    p.stream, p.partial_rows);
+}
+
+// K1: the up-projection with the x gather and SwiGLU fused in (UpProjParams). Each K1 unit
+// instantiates it for one varlen configuration.
+template <GemmTileConfig kConfig>
+Status run_up_proj_varlen(const UpProjParams& p) {
+  using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/true>;
+  using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
+  typename Kernel::Params params{};
+  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
+  params.mainloop.gather_src = static_cast<const cutlass::bfloat16_t*>(p.x);
+  params.mainloop.gather_idx = p.gather_idx;
+  params.mainloop.gather_src_rows = static_cast<int>(p.num_tokens);
+  params.mainloop.k = static_cast<int>(p.d);
+  params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
+  params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
+  params.epilogue.n = static_cast<int>(p.n);
+  return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
+                                    p.stream, p.partial_rows);
+}
+
+// K4: dA' = dO[gather] @ w2[e] with dO rows gathered by cp.async and w2 (E, d, n) read N-major
+// by TMA, the dSwiGLU / score-gradient epilogue reading H (DownProjGradParams). Each K4 unit
+// instantiates it for one varlen configuration.
+template <GemmTileConfig kConfig>
+Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
+  using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/false>;
+  using Kernel = VarlenGemmKernel<Mainloop, DSwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
+  static_assert(kVarlenTileN == kDownProjGradBlockCols, "d_score_partial slots are N tiles");
+  using Element = cutlass::bfloat16_t;
+  typename Kernel::Params params{};
+  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w2, p.n, p.d, p.num_experts));
+  params.mainloop.gather_src = static_cast<const Element*>(p.d_out);
+  params.mainloop.gather_idx = p.gather_idx;
+  params.mainloop.gather_src_rows = static_cast<int>(p.num_tokens);
+  params.mainloop.k = static_cast<int>(p.d);
+  params.epilogue.h = static_cast<const Element*>(p.h);
+  params.epilogue.row_score = p.row_score;
+  params.epilogue.d_h = static_cast<Element*>(p.d_h);
+  params.epilogue.a_scaled = static_cast<Element*>(p.a_scaled);
+  params.epilogue.d_score_partial = p.d_score_partial;
+  params.epilogue.n = static_cast<int>(p.n);
   return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
                                     p.stream, p.partial_rows);
 }

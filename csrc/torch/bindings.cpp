@@ -18,16 +18,17 @@ TORCH_LIBRARY(sonicmoe, m) {
   // K1: h[r] = w1[e] @ x[gather_idx[r]], a[r] = silu(h[r, :n]) * h[r, n:] (gather and SwiGLU
   // fused into the GEMM); h has 0 rows when keep_h is false.
   m.def("up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True, "
-        "bool partial_rows=False) -> (Tensor, Tensor)");
+        "bool partial_rows=False, int tile_config=0) -> (Tensor, Tensor)");
   // R: top-K scores (fp32) and expert ids (int32) from router logits; mode is a RouterMode.
   m.def("router_topk(Tensor logits, int top_k, int mode) -> (Tensor, Tensor)");
   // R: sorted-layout metadata (expert_offsets, gather_idx, rev_idx) of (T, K) expert ids.
   m.def("routing_metadata(Tensor experts, int num_experts) -> (Tensor, Tensor, Tensor)");
   // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel.
-  m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows=False) -> Tensor");
+  m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows=False, "
+        "int tile_config=0) -> Tensor");
   // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
   m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
-        "Tensor gather_idx, bool partial_rows=False) -> (Tensor, Tensor, Tensor)");
+        "Tensor gather_idx, bool partial_rows=False, int tile_config=0) -> (Tensor, Tensor, Tensor)");
   // K5 / K7: out[e] = sum over rows r of e of a_row(r)^T b_row(r), the gathered operand's row r
   // being its row gather_idx[r] (a's when gather_a); see WeightGradParams in sonicmoe.h.
   m.def("weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a, "

@@ -57,6 +57,13 @@ inline void check_contiguous(const char* op, const at::Tensor& t, const char* na
             "must be contiguous (row-major); call .contiguous() first");
 }
 
+// A tile_config argument as a GemmTileConfig (the op's own rules then say which it runs).
+inline GemmTileConfig tile_config_arg(const char* op, int64_t tile_config) {
+  check_arg(tile_config >= 0 && tile_config < kNumGemmTileConfigs, op, "tile_config", text(tile_config),
+            "must be 0 (auto) or a GemmTileConfig in [1, " + std::to_string(kNumGemmTileConfigs - 1) + "]");
+  return static_cast<GemmTileConfig>(tile_config);
+}
+
 inline void check_aligned16(const char* op, const at::Tensor& t, const char* name) {
   const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
   check_arg(t.numel() == 0 || addr % 16 == 0, op, std::string(name) + ".data_ptr()",

@@ -54,10 +54,7 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
   check_contiguous(kOp, expert_offsets, "expert_offsets");
   check_aligned16(kOp, a, "a");
   check_aligned16(kOp, b, "b");
-  check_arg(tile_config >= 0 && tile_config < kNumGemmTileConfigs, kOp, "tile_config",
-            text(tile_config),
-            "must be 0 (auto) or a GemmTileConfig in [1, " +
-                std::to_string(kNumGemmTileConfigs - 1) + "]");
+  tile_config_arg(kOp, tile_config);
 
   GroupedGemmParams shape = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
   shape.sm_count = 1;  // the device is not known yet; checked for real at launch
@@ -111,13 +108,13 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
 }
 
 at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b,
-                                const at::Tensor& expert_offsets, bool partial_rows) {
-  return run_on_cuda(a, b, expert_offsets, 0, WeightLayout::kKN, partial_rows);
+                                const at::Tensor& expert_offsets, bool partial_rows, int64_t tile_config) {
+  return run_on_cuda(a, b, expert_offsets, tile_config, WeightLayout::kKN, partial_rows);
 }
 
 at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b,
-                               const at::Tensor& expert_offsets, bool partial_rows) {
-  return run_on_cpu(a, b, expert_offsets, 0, WeightLayout::kKN, partial_rows);
+                               const at::Tensor& expert_offsets, bool partial_rows, int64_t tile_config) {
+  return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kKN, partial_rows);
 }
 
 }  // namespace sonicmoe::torch_ops

@@ -14,20 +14,21 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows);
 
-// grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows) -> Tensor; b (E, k, n_out)
+// grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows, int tile_config)
+//   -> Tensor; b (E, k, n_out)
 at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                                bool partial_rows);
+                                bool partial_rows, int64_t tile_config);
 at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                               bool partial_rows);
+                               bool partial_rows, int64_t tile_config);
 
-// down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows)
+// down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows, tile_config)
 //   -> (d_h, a_scaled, d_score_partial)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config);
 
 // weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a,
 //             bool partial_rows) -> Tensor (num_experts, m_out, n_out)
@@ -48,16 +49,16 @@ using DenseLayoutTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Te
 DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound);
 DenseLayoutTensors dense_layout_cpu(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound);
 
-// up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True)
-//   -> (Tensor h, Tensor a)
+// up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True,
+//         bool partial_rows=False, int tile_config=0) -> (Tensor h, Tensor a)
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,
                                                 const at::Tensor& expert_offsets,
                                                 const at::Tensor& gather_idx, bool keep_h,
-                                                bool partial_rows);
+                                                bool partial_rows, int64_t tile_config);
 std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Tensor& w1,
                                                const at::Tensor& expert_offsets,
                                                const at::Tensor& gather_idx, bool keep_h,
-                                               bool partial_rows);
+                                               bool partial_rows, int64_t tile_config);
 
 // combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);

@@ -22,6 +22,8 @@ GEMM_TILE_CONFIGS = {
     "pingpong_128x128x128_c2x1": 5,
     "pingpong_128x128x64_c1x1": 6,
     "varlen_pingpong_128x128x64": 7,
+    "varlen_cooperative_128x256x64": 8,
+    "varlen_cooperative_256x128x64": 9,
 }
 
 
@@ -48,30 +50,33 @@ def grouped_gemm(
     partial_rows: expert_offsets[E] may stop short of M_total (rows past it are not written).
     """
     _require_extension()
+    return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, _tile_config_number(tile_config), partial_rows)
+
+
+def _tile_config_number(tile_config: str) -> int:
     if tile_config not in GEMM_TILE_CONFIGS:
-        raise ValueError(
-            f"tile_config: {tile_config!r} is not one of {sorted(GEMM_TILE_CONFIGS)}"
-        )
-    return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, GEMM_TILE_CONFIGS[tile_config], partial_rows)
+        raise ValueError(f"tile_config: {tile_config!r} is not one of {sorted(GEMM_TILE_CONFIGS)}")
+    return GEMM_TILE_CONFIGS[tile_config]
 
 
 def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor,
-                    partial_rows: bool = False) -> torch.Tensor:
+                    partial_rows: bool = False, tile_config: str = "auto") -> torch.Tensor:
     """K6 layout: out[r] = a[r] @ b[e] for rows r of expert e, b (E, k, n_out) bf16 read as stored
-    (dX~ = dH @ w1 with w1 (E, 2n, d)); our varlen kernel. partial_rows as in grouped_gemm."""
+    (dX~ = dH @ w1 with w1 (E, 2n, d)); our varlen kernel. partial_rows as in grouped_gemm;
+    tile_config "auto" or a varlen configuration, as in up_proj."""
     _require_extension()
-    return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows)
+    return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows, _tile_config_number(tile_config))
 
 
-def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False):
+def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config="auto"):
     """K4: gradient through the down-projection and SwiGLU from H (sonicmoe.h, DownProjGradParams).
 
     Returns d_h (M, 2n) bf16, a_scaled = s * A (M, n) bf16 and d_score_partial (M, ceil(n/128))
     fp32, whose row sums are dS = <dA', A>. partial_rows as in grouped_gemm (rows past
-    expert_offsets[E] are not written)."""
+    expert_offsets[E] are not written); tile_config "auto" or a varlen configuration, as in up_proj."""
     _require_extension()
     return torch.ops.sonicmoe.down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx,
-                                             partial_rows)
+                                             partial_rows, _tile_config_number(tile_config))
 
 
 def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False):
@@ -107,6 +112,7 @@ def up_proj(
     gather_idx: torch.Tensor,
     keep_h: bool = True,
     partial_rows: bool = False,
+    tile_config: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K1: up-projection with SwiGLU, the x rows gathered inside the GEMM.
 
@@ -114,10 +120,12 @@ def up_proj(
     a[r] = silu(h[r, :n]) * h[r, n:] from the fp32 accumulators. x: (T, d) bf16;
     w1: (E, 2n, d) bf16 (public layout); expert_offsets: (E+1,) int32; gather_idx: (M,) int32,
     both from routing_metadata. Returns (h (M, 2n), a (M, n)), bf16; h has 0 rows when
-    keep_h is False (inference: H is only kept for backward).
+    keep_h is False (inference: H is only kept for backward). tile_config: "auto" or one of the
+    varlen kernel's configurations ("varlen_*" in GEMM_TILE_CONFIGS; same results).
     """
     _require_extension()
-    return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows)
+    return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows,
+                                      _tile_config_number(tile_config))
 
 
 # Routing modes of the router kernel (csrc/sonicmoe.h, RouterMode).
@@ -168,7 +176,7 @@ if _C is not None:
         return a.new_empty((a.shape[0], b.shape[1]))
 
     @torch.library.register_fake("sonicmoe::up_proj")
-    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False):
+    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False, tile_config=0):
         torch._check(x.dim() == 2 and w1.dim() == 3, lambda: "up_proj: x must be 2-D, w1 3-D")
         torch._check(x.shape[1] == w1.shape[2], lambda: "up_proj: x.shape[1] != w1.shape[2]")
         m, n = gather_idx.shape[0], w1.shape[1] // 2
@@ -187,7 +195,7 @@ if _C is not None:
         return (experts.new_empty((num_experts + 1,), **ints), experts.new_empty((experts.numel(),), **ints),
                 experts.new_empty(experts.shape, **ints))
     @torch.library.register_fake("sonicmoe::grouped_gemm_kn")
-    def _grouped_gemm_kn_fake(a, b, expert_offsets, partial_rows=False):
+    def _grouped_gemm_kn_fake(a, b, expert_offsets, partial_rows=False, tile_config=0):
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
         return a.new_empty((a.shape[0], b.shape[2]))
@@ -210,7 +218,8 @@ if _C is not None:
         return a.new_empty((expert_offsets.shape[0] - 1, a.shape[1], b.shape[1]))
 
     @torch.library.register_fake("sonicmoe::down_proj_grad")
-    def _down_proj_grad_fake(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False):
+    def _down_proj_grad_fake(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False,
+                             tile_config=0):
         m, n = gather_idx.shape[0], w2.shape[2]
         return (d_out.new_empty((m, 2 * n)), d_out.new_empty((m, n)),
                 d_out.new_empty((m, (n + 127) // 128), dtype=torch.float32))

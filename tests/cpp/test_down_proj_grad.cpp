@@ -20,6 +20,10 @@ TEST(DownProjGradHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](DownProjGradParams& p) { p.d = 100; }, "down_proj_grad: d = 100 breaks the rule: must be a positive multiple of 8"},
       {[](DownProjGradParams& p) { p.n = 4; }, "down_proj_grad: n = 4 breaks the rule"},
       {[](DownProjGradParams& p) { p.sm_count = 0; }, "down_proj_grad: sm_count = 0 breaks the rule"},
+      {[](DownProjGradParams& p) { p.config = sonicmoe::GemmTileConfig::kPingpong128x128x64; },
+       "down_proj_grad: config = 1 breaks the rule: must be 0 (auto) or a varlen configuration"},
+      {[](DownProjGradParams& p) { p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64; },
+       "down_proj_grad: config = 8 breaks the rule: must not be 8 (varlen_cooperative_128x256x64)"},
       {[](DownProjGradParams& p) { p.m_total = INT32_MAX; p.n = 1 << 20; }, "tiles must fit in int32"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_down_proj_grad);

@@ -53,7 +53,7 @@ TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](GroupedGemmParams& p) { p.k = 0; }, "k = 0 breaks the rule"},
       {[](GroupedGemmParams& p) { p.n_out = 1530; }, "n_out = 1530 breaks the rule"},
       {[](GroupedGemmParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
-      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(9); }, "config = 9 breaks"},
+      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(11); }, "config = 11 breaks"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_grouped_gemm);
 }
@@ -232,7 +232,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmTileConfig::kPingpong64x128x128, GemmTileConfig::kCooperative128x256x64,
                       GemmTileConfig::kCooperative256x128x64, GemmTileConfig::kPingpong128x128x128,
                       GemmTileConfig::kPingpong128x128x64C1x1,
-                      GemmTileConfig::kVarlenPingpong128x128x64),
+                      GemmTileConfig::kVarlenPingpong128x128x64,
+                      GemmTileConfig::kVarlenCooperative128x256x64,
+                      GemmTileConfig::kVarlenCooperative256x128x64),
     [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
       return std::string(sonicmoe::gemm_tile_config_name(info.param));
     });

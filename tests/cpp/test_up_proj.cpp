@@ -16,6 +16,7 @@
 
 namespace {
 
+using sonicmoe::GemmTileConfig;
 using sonicmoe::UpProjParams;
 using sonicmoe::test::from_bf16;
 using sonicmoe::test::hopper_available;
@@ -44,6 +45,8 @@ TEST(UpProjHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](UpProjParams& p) { p.n = 0; }, "n = 0 breaks the rule"},
       {[](UpProjParams& p) { p.n = 250; }, "n = 250 breaks the rule"},
       {[](UpProjParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
+      {[](UpProjParams& p) { p.config = GemmTileConfig::kCooperative128x256x64; },
+       "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration"},
       {[](UpProjParams& p) { p.m_total = INT32_MAX; p.n = 1 << 20; }, "tiles must fit in int32"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_up_proj);
@@ -80,7 +83,7 @@ struct UpProjCase {
   bool keep_h;
 };
 
-void run_case(const UpProjCase& c, uint32_t seed) {
+void run_case(const UpProjCase& c, uint32_t seed, GemmTileConfig config) {
   const int experts = static_cast<int>(c.rows_per_expert.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + c.rows_per_expert[e];
@@ -126,6 +129,7 @@ void run_case(const UpProjCase& c, uint32_t seed) {
   p.n = c.n;
   p.num_experts = experts;
   p.sm_count = sm_count;
+  p.config = config;
   const sonicmoe::Status st = sonicmoe::run_up_proj(p);
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_OK(cudaDeviceSynchronize());
@@ -169,31 +173,40 @@ void run_case(const UpProjCase& c, uint32_t seed) {
   cudaFree(d_gather);
 }
 
-class SM90_UpProj : public ::testing::Test {
+// Parameter: the varlen configuration (ping-pong 128 x 128, cooperative 128 x 256 or 256 x 128).
+class SM90_UpProj : public ::testing::TestWithParam<GemmTileConfig> {
  protected:
   void SetUp() override {
     if (!hopper_available()) GTEST_SKIP() << "needs a Hopper (sm_90) GPU";
   }
 };
 
-TEST_F(SM90_UpProj, bf16_ragged_experts_with_empty_ones) {
-  run_case({{0, 37, 128, 0, 1, 300, 0, 65}, 200, 256, 192, true}, 1);
+TEST_P(SM90_UpProj, bf16_ragged_experts_with_empty_ones) {
+  run_case({{0, 37, 128, 0, 1, 300, 0, 65}, 200, 256, 192, true}, 1, GetParam());
 }
 
-TEST_F(SM90_UpProj, bf16_one_expert_holds_all_rows_without_h) {
-  run_case({{0, 0, 777, 0}, 300, 512, 128, false}, 2);
+TEST_P(SM90_UpProj, bf16_one_expert_holds_all_rows_without_h) {
+  run_case({{0, 0, 777, 0}, 300, 512, 128, false}, 2, GetParam());
 }
 
-TEST_F(SM90_UpProj, bf16_d_and_n_not_multiples_of_the_tile) {
-  run_case({{150, 90}, 64, 72, 40, true}, 3);
+TEST_P(SM90_UpProj, bf16_d_and_n_not_multiples_of_the_tile) {
+  run_case({{150, 90}, 64, 72, 40, true}, 3, GetParam());
 }
 
-TEST_F(SM90_UpProj, bf16_many_tiles_per_cta_and_deep_k) {
+TEST_P(SM90_UpProj, bf16_many_tiles_per_cta_and_deep_k) {
   // More tiles than SMs with k loops longer than the stage ring: the ping-pong turn order.
   std::vector<int> rows(64);
   std::mt19937 rng(4);
   for (auto& r : rows) r = static_cast<int>(rng() % 300);
-  run_case({rows, 500, 1024, 128, true}, 4);
+  run_case({rows, 500, 1024, 128, true}, 4, GetParam());
 }
+
+INSTANTIATE_TEST_SUITE_P(Configs, SM90_UpProj,
+                         ::testing::Values(GemmTileConfig::kVarlenPingpong128x128x64,
+                                           GemmTileConfig::kVarlenCooperative128x256x64,
+                                           GemmTileConfig::kVarlenCooperative256x128x64),
+                         [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
+                           return std::string(sonicmoe::gemm_tile_config_name(info.param));
+                         });
 
 }  // namespace

@@ -15,15 +15,24 @@ def rel(a, b):
     return ((a.float() - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+# Every varlen configuration (ping-pong 128 x 128, cooperative 128 x 256 and 256 x 128); K4's
+# tiles are 128 columns wide (its score-gradient slots), so it runs on the others.
+VARLEN_CONFIGS = pytest.mark.parametrize(
+    "tile_config", [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
+K4_CONFIGS = pytest.mark.parametrize(
+    "tile_config", [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen") and "x256x" not in c])
+
+
+@VARLEN_CONFIGS
 @pytest.mark.parametrize("k,n_out,E", [(512, 1536, 128), (2048, 4096, 16), (72, 136, 8), (8, 8, 1)])
-def test_grouped_gemm_kn(k, n_out, E):
+def test_grouped_gemm_kn(k, n_out, E, tile_config):
     gen = generator("kn", k, n_out, E)
     counts = random_counts(3000, E, gen)
     a = torch.randn(sum(counts), k, device="cuda", generator=gen).bfloat16()
     b = (torch.randn(E, k, n_out, device="cuda", generator=gen) * k**-0.5).bfloat16()
     offs = offsets_from_counts(counts)
     torch.full((a.shape[0] * n_out,), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out = sonicmoe.grouped_gemm_kn(a, b, offs)
+    out = sonicmoe.grouped_gemm_kn(a, b, offs, tile_config=tile_config)
     ref = torch.empty(a.shape[0], n_out, device="cuda")
     bounds = offs.tolist()
     for e in range(E):
@@ -32,8 +41,9 @@ def test_grouped_gemm_kn(k, n_out, E):
     assert rel(out, ref) <= 1e-2
 
 
+@K4_CONFIGS
 @pytest.mark.parametrize("T,d,n,E,K", [(700, 1536, 256, 128, 8), (300, 256, 200, 8, 2), (50, 64, 64, 4, 1)])
-def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K):
+def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K, tile_config):
     gen = generator("k4", T, d, n, E, K)
     x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
     w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
@@ -46,7 +56,7 @@ def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K):
     row_score = scores.new_empty(rows.numel())
     row_score[rows] = scores.reshape(-1)
     d_h, a_scaled, ds_part = sonicmoe.down_proj_grad(d_out, w2, h, row_score, meta.expert_offsets,
-                                                     meta.gather_idx)
+                                                     meta.gather_idx, tile_config=tile_config)
     # fp32 spec from the same H
     hf = h.float()
     gate, up = hf[:, :n], hf[:, n:]

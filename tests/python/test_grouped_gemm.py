@@ -67,7 +67,7 @@ def check(a, b, offs, tile_config="auto"):
         assert err <= 1e-2, f"relative Frobenius error {err:.3e}"
 
 
-@pytest.mark.parametrize("tile_config", ["auto", "varlen_pingpong_128x128x64"])
+@pytest.mark.parametrize("tile_config", ["auto"] + [c for c in TILE_CONFIGS if c.startswith("varlen")])
 @pytest.mark.parametrize("name", list(ANCHOR_SHAPES))
 def test_anchor_down_projection_shapes(name, tile_config):
     # Many tiles per CTA with long k loops: each consumer skips the other's stages.

@@ -39,14 +39,14 @@ def rel_err(out, ref):
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def check(x, w1, offs, gather_idx, keep_h=True):
+def check(x, w1, offs, gather_idx, keep_h=True, tile_config="auto"):
     h_ref, a_ref = reference(x, w1, offs, gather_idx)
     m, n = gather_idx.shape[0], w1.shape[1] // 2
     # Outputs come from the caching allocator: leave NaN-filled blocks of their sizes behind
     # so anything the kernel fails to write shows up.
     torch.full((m * 2 * n,), float("nan"), device="cuda", dtype=torch.bfloat16)
     torch.full((m * n,), float("nan"), device="cuda", dtype=torch.bfloat16)
-    h, a = sonicmoe.up_proj(x, w1, offs, gather_idx, keep_h=keep_h)
+    h, a = sonicmoe.up_proj(x, w1, offs, gather_idx, keep_h=keep_h, tile_config=tile_config)
     torch.cuda.synchronize()
     assert a.shape == (m, n) and a.dtype == torch.bfloat16
     assert h.shape == ((m if keep_h else 0), 2 * n)
@@ -58,28 +58,45 @@ def check(x, w1, offs, gather_idx, keep_h=True):
         assert rel_err(h, h_ref) <= 1e-2
 
 
+# Every varlen configuration: ping-pong 128 x 128, cooperative 128 x 256 (two B boxes per
+# SwiGLU half, H staged in two column windows) or cooperative 256 x 128.
+VARLEN_CONFIGS = pytest.mark.parametrize(
+    "tile_config", [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
+
+
+@VARLEN_CONFIGS
 @pytest.mark.parametrize("name", list(ANCHOR_SHAPES))
-def test_anchor_up_projection_shapes(name):
+def test_anchor_up_projection_shapes(name, tile_config):
     d, n, E = ANCHOR_SHAPES[name]
     gen = generator("up", name)
-    check(*make_inputs(random_counts(2000, E, gen), 700, d, n, gen))
+    check(*make_inputs(random_counts(2000, E, gen), 700, d, n, gen), tile_config=tile_config)
 
 
+@VARLEN_CONFIGS
 @pytest.mark.parametrize("E", [1, 8, 128, 256])
-def test_expert_counts_with_empty_experts(E):
+def test_expert_counts_with_empty_experts(E, tile_config):
     gen = generator("up-E", E)
-    check(*make_inputs(random_counts(3000 + 37, E, gen), 1000, 256, 192, gen))
+    check(*make_inputs(random_counts(3000 + 37, E, gen), 1000, 256, 192, gen), tile_config=tile_config)
 
 
-def test_one_expert_holds_all_rows():
+@VARLEN_CONFIGS
+def test_one_expert_holds_all_rows(tile_config):
     gen = generator("up-hot")
-    check(*make_inputs([0, 0, 0, 1111, 0, 0, 0, 0], 300, 512, 128, gen))
+    check(*make_inputs([0, 0, 0, 1111, 0, 0, 0, 0], 300, 512, 128, gen), tile_config=tile_config)
 
 
+@VARLEN_CONFIGS
 @pytest.mark.parametrize("m_total", [1, 7, 129, 1000, 4095])
-def test_m_total_not_a_multiple_of_the_tile(m_total):
+def test_m_total_not_a_multiple_of_the_tile(m_total, tile_config):
     gen = generator("up-m", m_total)
-    check(*make_inputs(random_counts(m_total, 8, gen), 64, 128, 64, gen))
+    check(*make_inputs(random_counts(m_total, 8, gen), 64, 128, 64, gen), tile_config=tile_config)
+
+
+@VARLEN_CONFIGS
+def test_many_tiles_per_cta_and_deep_k(tile_config):
+    # More tiles than SMs, k loops longer than the stage ring, odd and even m-block counts.
+    gen = generator("up-deep")
+    check(*make_inputs(random_counts(64 * 300, 64, gen), 2000, 1024, 256, gen), tile_config=tile_config)
 
 
 @pytest.mark.parametrize("d,n", [(8, 8), (72, 40), (200, 1000), (1000, 200), (4096, 64)])

@@ -38,6 +38,7 @@ struct VarlenKMainloop {
   static constexpr bool kGatherA = kGatherA_;  // else B is the gathered operand
   static constexpr bool kTmaDense = kTmaDense_;  // the non-gathered operand by TMA
   static constexpr bool kCpAsyncProducer = true;
+  static constexpr int kConsumers = 1;  // ping-pong: a warpgroup owns a tile
   static constexpr int kProducerThreads = 128;
   static constexpr int kBoxesB = 2;     // the epilogue's B box origins, unused here
   static constexpr int kBoxCols = 64;   // TMA box: 64 columns (one 128-byte swizzle row) ...

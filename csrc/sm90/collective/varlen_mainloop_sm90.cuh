@@ -29,7 +29,8 @@
 
 namespace sonicmoe::sm90 {
 
-template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kKMajorB_ = true>
+template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kKMajorB_ = true,
+          int kConsumers_ = 1>
 struct VarlenMainloop {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
@@ -41,6 +42,15 @@ struct VarlenMainloop {
   static constexpr int kBoxRowsB = 64;  // rows of one B TMA box (one swizzle-aligned half tile)
   static constexpr int kBoxesB = kTileN / kBoxRowsB;
   static constexpr int kProducerThreads = 128;
+  // Consumer warpgroups per tile: 1, ping-pong (each warpgroup owns a 128 x 128 tile, the other
+  // one's epilogue overlapping its MMA); 2, cooperative (both on one tile, kTileM / 2 rows
+  // each: 256 x 128, a quarter less L2 traffic per FLOP than two ping-pong tiles, or 128 x 256,
+  // where a gathered A row also serves twice the output columns).
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kWarpgroupRows = kTileM / kConsumers;
+  static_assert(kConsumers == 1 || kConsumers == 2, "ping-pong or cooperative");
+  static_assert(kWarpgroupRows % 64 == 0 && kWarpgroupRows * kTileN <= 128 * 128,
+                "64-row WGMMA blocks; at most 128 fp32 accumulators per consumer thread");
   static_assert(kTileK == 64, "one 128-byte swizzle row per tile row (bf16)");
   static_assert(kTileN % kBoxRowsB == 0 && kTileM % 64 == 0, "tile sizes");
 
@@ -57,18 +67,25 @@ struct VarlenMainloop {
       decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
                                    cute::Shape<cute::Int<kTileN>, cute::Int<kTileK>, cute::Int<kStages>>{},
                                    cute::Step<cute::_2, cute::_1, cute::_3>{}))>;
-  // One warpgroup computes a whole kTileM x kTileN tile (ping-pong: the other warpgroup holds
-  // the next tile), issuing kTileM / 64 WGMMAs per k step.
-  using TiledMma = decltype(cute::make_tiled_mma(
+  // One 64 x kTileN WGMMA atom per warpgroup, laid out along M: a ping-pong warpgroup repeats
+  // it over its 128 rows, cooperative warpgroup w runs rows 64 w (and 64 w + 128 in a 256-row
+  // tile); the epilogue finds its rows from the MMA coordinates.
+  using MmaAtom = cute::conditional_t<
+      kTileN == 256,
+      cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K,
+                                          kKMajorB ? cute::GMMA::Major::K : cute::GMMA::Major::MN>,
       cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K,
-                                          kKMajorB ? cute::GMMA::Major::K : cute::GMMA::Major::MN>{}));
-  static_assert(kTileN == 128, "the MMA atom is 64x128");
+                                          kKMajorB ? cute::GMMA::Major::K : cute::GMMA::Major::MN>>;
+  static_assert(kTileN == 128 || kTileN == 256, "64x128 or 64x256 MMA atoms");
+  using TiledMma = decltype(cute::make_tiled_mma(
+      MmaAtom{}, cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>{}));
 
   static constexpr uint32_t kBytesA = kTileM * kTileK * sizeof(Element);
   static constexpr uint32_t kBytesB = kTileN * kTileK * sizeof(Element);
   // Full barrier arrivals per stage: the TMA issuer, plus one per gathering thread.
   static constexpr uint32_t kFullArrivals = kGatherA ? 1 + kProducerThreads : 1;
-  static constexpr uint32_t kEmptyArrivals = 4;  // one per warp of the consuming warpgroup
+  // Empty barrier arrivals per stage: one per warp of the consuming warpgroup(s).
+  static constexpr uint32_t kEmptyArrivals = 4 * kConsumers;
 
   using SharedStorage = StageBuffers<Element, SmemLayoutA, SmemLayoutB>;
   using Barriers = StageBarriers<kStages>;
@@ -154,11 +171,8 @@ struct VarlenMainloop {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kBoxesB; ++i) {
           Element* box = s.b + stage * kTileN * kTileK + i * kBoxRowsB * kTileK;
-          if constexpr (kKMajorB) {
-            SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint, box, k0, b_rows[i], tile.expert);
-          } else {
-            SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint, box, b_rows[i], k0, tile.expert);
-          }
+          const int c0 = kKMajorB ? k0 : b_rows[i], c1 = kKMajorB ? b_rows[i] : k0;
+          SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint, box, c0, c1, tile.expert);
         }
       }
       if constexpr (kGatherA) {
@@ -179,12 +193,12 @@ struct VarlenMainloop {
   }
 
   // Consumer side of one tile: accum = A_tile @ B_tile^T over all k steps (wgmma_consumer_sm90.cuh).
-  // Called by one whole warpgroup.
+  // Called by the tile's consumer warpgroups (thread index within them).
   template <class Accumulator, class Tile>
   static __device__ void mma(const Params& p, SharedStorage& s, Barriers& bar, Accumulator& accum,
-                             const Tile& tile, int& iteration, int thread_idx_in_warpgroup) {
+                             const Tile& tile, int& iteration, int mma_thread_idx) {
     consume_stages<TiledMma, SmemLayoutA, SmemLayoutB, kStages, /*cp_async_operand=*/kGatherA>(
-        s.a, s.b, bar.full, bar.empty, accum, k_tiles(p, tile), iteration, thread_idx_in_warpgroup);
+        s.a, s.b, bar.full, bar.empty, accum, k_tiles(p, tile), iteration, mma_thread_idx);
   }
 
 };

@@ -47,22 +47,23 @@ __device__ inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, b
 // accum = A_tile @ B_tile^T over num_k_tiles stages of the ring, starting at ring position
 // `iteration` (advanced past them). Each stage is released to the producer once the WGMMAs
 // reading it have completed (one step later, so one batch is always in flight); num_k_tiles
-// must be >= 1. Called by one whole warpgroup.
-// cp_async_a / cp_async_b: that operand arrives through the generic proxy (cp.async), which
-// WGMMA, an async-proxy reader, must be fenced against.
+// must be >= 1. Called by every warpgroup of TiledMma, with the thread's index among them (one
+// release per warp).
+// kCpAsyncOperand: an operand arrives through the generic proxy (cp.async), which WGMMA, an
+// async-proxy reader, must be fenced against.
 template <class TiledMma, class SmemLayoutA, class SmemLayoutB, int kStages, bool kCpAsyncOperand,
           class Element, class Accumulator>
 __device__ void consume_stages(Element* smem_a, Element* smem_b, uint64_t* full, uint64_t* empty,
                                Accumulator& accum, int num_k_tiles, int& iteration,
-                               int thread_idx_in_warpgroup) {
+                               int mma_thread_idx) {
   using namespace cute;
   Tensor sA = make_tensor(make_smem_ptr(smem_a), SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(smem_b), SmemLayoutB{});
   TiledMma tiled_mma;
-  auto thr_mma = tiled_mma.get_thread_slice(thread_idx_in_warpgroup);
+  auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
   Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
   Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-  const bool releases = thread_idx_in_warpgroup % 32 == 0;
+  const bool releases = mma_thread_idx % 32 == 0;
 
   tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
   warpgroup_fence_operand(accum);

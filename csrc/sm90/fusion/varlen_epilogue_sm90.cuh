@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
@@ -20,31 +21,50 @@
 
 namespace sonicmoe::sm90 {
 
-// The accumulator tile leaves in two halves of 64 rows (the two 64-row WGMMA blocks, mode 1 of
-// the accumulator), so the staging buffer is half a tile: shared memory goes to mainloop stages.
+// A warpgroup's accumulators leave in halves of 64 rows (its 64-row WGMMA blocks, mode 1 of
+// the accumulator) and windows of at most 128 columns, so the staging buffer is one 64 x 128
+// window: shared memory goes to mainloop stages. A ping-pong warpgroup owns the whole tile
+// (halves at rows 0 and 64); in a cooperative tile the coordinates say where its halves start.
 template <int kTileM, int kTileN>
 struct EpilogueTile {
   static constexpr int kHalfRows = 64;
-  static constexpr int kHalves = kTileM / kHalfRows;
-  static constexpr int kPitch = kTileN + 8;  // elements per shared-memory row
+  static constexpr int kWindowCols = kTileN < 128 ? kTileN : 128;
+  static constexpr int kWindows = kTileN / kWindowCols;
+  static constexpr int kPitch = kWindowCols + 8;  // elements per shared-memory row
   using Element = cutlass::bfloat16_t;
   using SmemTile = Element[kHalfRows * kPitch];
+  static_assert(kTileN % kWindowCols == 0, "whole windows");
 
   static __device__ void sync(int barrier_id) { cutlass::arch::NamedBarrier::sync(128, barrier_id); }
 
-  // Rows of half h that hold data of the tile's expert.
-  static __device__ int valid_rows(const VarlenTile& t, int h) {
-    return max(0, min(kHalfRows, t.rows - h * kHalfRows));
+  // Accumulator halves of this warpgroup (mode 1 of the accumulator).
+  template <class Accumulator>
+  static constexpr int halves(const Accumulator&) {
+    return decltype(cute::size<1>(std::declval<const Accumulator&>()))::value;
   }
 
-  // Writes the bf16 accumulator values of half h (column pairs) into smem.
-  template <class Accumulator, class Coords>
-  static __device__ void write_half(Element* smem, const Accumulator& accum, const Coords& coords, int h) {
+  // First tile row of this warpgroup's half h.
+  template <class Coords>
+  static __device__ int half_row(const Coords& coords, int h) {
+    return cute::get<0>(coords(0, h, 0)) / kHalfRows * kHalfRows;
+  }
+
+  // Rows of the half starting at tile row `row` that hold data of the tile's expert.
+  static __device__ int valid_rows(const VarlenTile& t, int row) { return max(0, min(kHalfRows, t.rows - row)); }
+
+  // Writes the bf16 accumulator values of half h (starting at tile row `row`) in window w
+  // (tile columns [128 w, 128 w + 128)) into smem, column pairs at a time. The accumulator's
+  // mode 0 is (2, 2, kTileN / 8): value i sits in column 8 (i / 4) + ..., so a window is the
+  // contiguous value range [kWindowCols w / 2, kWindowCols (w + 1) / 2).
+  template <int w, class Accumulator, class Coords>
+  static __device__ void write_half(Element* smem, const Accumulator& accum, const Coords& coords, int h,
+                                    int row) {
+    static_assert(decltype(cute::size<0, 2>(accum))::value == kTileN / 8, "accumulator layout");
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < cute::size<0>(accum); i += 2) {
+    for (int i = kWindowCols * w / 2; i < kWindowCols * (w + 1) / 2; i += 2) {
       const auto rc = coords(i, h, 0);
-      const int r = cute::get<0>(rc) - h * kHalfRows;
-      *reinterpret_cast<__nv_bfloat162*>(smem + r * kPitch + cute::get<1>(rc)) =
+      const int r = cute::get<0>(rc) - row;
+      *reinterpret_cast<__nv_bfloat162*>(smem + r * kPitch + cute::get<1>(rc) - kWindowCols * w) =
           __floats2bfloat162_rn(accum(i, h, 0), accum(i + 1, h, 0));
     }
   }
@@ -90,23 +110,28 @@ struct StoreEpilogue {
                                int barrier_id) {
     const int col0 = t.n_block * kTileN;
     CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < Tile::kHalves; ++h) {
-      const int rows = Tile::valid_rows(t, h);
+    for (int h = 0; h < Tile::halves(accum); ++h) {
+      const int half_row = Tile::half_row(coords, h);
+      const int rows = Tile::valid_rows(t, half_row);
       if (rows == 0) break;
-      Tile::sync(barrier_id);  // the previous stores have read smem
-      Tile::write_half(smem, accum, coords, h);
-      Tile::sync(barrier_id);
-      const int64_t row0 = t.row_start + h * Tile::kHalfRows;
-      Tile::template store_rows<kTileN>(smem, rows, thread_idx, [&](int r, int chunk) -> Element* {
-        const int col = col0 + chunk * 8;
-        return col < p.n_out ? p.out + (row0 + r) * p.n_out + col : nullptr;
+      const int64_t row0 = t.row_start + half_row;
+      cute::for_each(cute::make_int_sequence<Tile::kWindows>{}, [&](auto window) {
+        constexpr int w = decltype(window)::value;
+        Tile::sync(barrier_id);  // the previous stores have read smem
+        Tile::template write_half<w>(smem, accum, coords, h, half_row);
+        Tile::sync(barrier_id);
+        Tile::template store_rows<Tile::kWindowCols>(smem, rows, thread_idx, [&](int r, int chunk) -> Element* {
+          const int col = col0 + w * Tile::kWindowCols + chunk * 8;
+          return col < p.n_out ? p.out + (row0 + r) * p.n_out + col : nullptr;
+        });
       });
     }
   }
 };
 
-// K1: the tile's N columns are gate columns [64 j, 64 j + 64) (w1 rows of the gate half) and
-// the matching up columns (w1 rows n + 64 j ...), so both halves of SwiGLU meet in one thread.
+// K1: the tile's N columns are kTileN / 2 gate columns (w1 rows of the gate half, from
+// n_block * kTileN / 2) and the matching up columns (w1 rows n + ...), so both halves of SwiGLU
+// meet in one thread.
 // Stores H = [gate | up] (m_total, 2n) when kept for backward, and A = silu(gate) * up
 // (m_total, n), computed from the fp32 accumulators.
 template <int kTileM, int kTileN>
@@ -115,7 +140,8 @@ struct SwiGLUEpilogue {
   using Element = typename Tile::Element;
   static constexpr int kBoxRowsB = 64;
   static constexpr int kHalf = kTileN / 2;
-  static_assert(kHalf == kBoxRowsB, "one B box per half");
+  static constexpr int kBoxesPerHalf = kHalf / kBoxRowsB;
+  static_assert(kHalf % kBoxRowsB == 0 && kHalf <= Tile::kWindowCols, "whole B boxes; A fits one window");
 
   struct Params {
     Element* h = nullptr;  // nullptr: H is not kept (inference)
@@ -124,9 +150,15 @@ struct SwiGLUEpilogue {
   };
 
   static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kHalf - 1) / kHalf; }
-  static __device__ cute::array<int, 2> b_rows(const Params& p, const VarlenTile& t) {
-    return {t.n_block * kHalf,         // gate rows (past n: results are never stored)
-            p.n + t.n_block * kHalf};  // up rows (past 2n: zero-filled by TMA)
+  // Gate rows (past n: results are never stored), then up rows (past 2n: zero-filled by TMA).
+  static __device__ cute::array<int, 2 * kBoxesPerHalf> b_rows(const Params& p, const VarlenTile& t) {
+    cute::array<int, 2 * kBoxesPerHalf> rows;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kBoxesPerHalf; ++i) {
+      rows[i] = t.n_block * kHalf + i * kBoxRowsB;
+      rows[kBoxesPerHalf + i] = p.n + t.n_block * kHalf + i * kBoxRowsB;
+    }
+    return rows;
   }
 
   template <class Accumulator, class Coords>
@@ -134,27 +166,31 @@ struct SwiGLUEpilogue {
                                const Coords& coords, const VarlenTile& t, int thread_idx,
                                int barrier_id) {
     using namespace cute;
-    // accum is ((2, 2, kTileN / 8), 2 halves, 1): value (v0, v1, j) is column 8 j + 2 (lane % 4) + v0,
+    // accum is ((2, 2, kTileN / 8), halves, 1): value (v0, v1, j) is column 8 j + 2 (lane % 4) + v0,
     // so the up column matching gate column c (j < kTileN / 16) is value j + kTileN / 16.
     static_assert(decltype(size<0, 2>(accum))::value == kTileN / 8, "accumulator layout");
     constexpr int kGroups = kTileN / 16;
     const int col0 = t.n_block * kHalf;
     const int64_t h_pitch = 2 * int64_t(p.n);
     CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < Tile::kHalves; ++h) {
-      const int rows = Tile::valid_rows(t, h);
+    for (int h = 0; h < Tile::halves(accum); ++h) {
+      const int half_row = Tile::half_row(coords, h);
+      const int rows = Tile::valid_rows(t, half_row);
       if (rows == 0) break;
-      const int64_t row0 = t.row_start + h * Tile::kHalfRows;
+      const int64_t row0 = t.row_start + half_row;
       Tile::sync(barrier_id);
       if (p.h != nullptr) {
-        Tile::write_half(smem, accum, coords, h);
-        Tile::sync(barrier_id);
-        Tile::template store_rows<kTileN>(smem, rows, thread_idx, [&](int r, int chunk) -> Element* {
-          const int half = chunk / (kHalf / 8);
-          const int col = col0 + (chunk % (kHalf / 8)) * 8;
-          return col < p.n ? p.h + (row0 + r) * h_pitch + half * p.n + col : nullptr;
+        cute::for_each(cute::make_int_sequence<Tile::kWindows>{}, [&](auto window) {
+          constexpr int w = decltype(window)::value;
+          Tile::template write_half<w>(smem, accum, coords, h, half_row);
+          Tile::sync(barrier_id);
+          Tile::template store_rows<Tile::kWindowCols>(smem, rows, thread_idx, [&](int r, int chunk) -> Element* {
+            const int tile_col = w * Tile::kWindowCols + chunk * 8;  // gate columns, then up
+            const int col = col0 + tile_col % kHalf;
+            return col < p.n ? p.h + (row0 + r) * h_pitch + (tile_col / kHalf) * p.n + col : nullptr;
+          });
+          Tile::sync(barrier_id);
         });
-        Tile::sync(barrier_id);
       }
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kGroups; ++j) {
@@ -168,7 +204,7 @@ struct SwiGLUEpilogue {
             act[v0] = gate / (1.0f + __expf(-gate)) * up;
           }
           const auto rc = coords(make_coord(make_coord(0, v1, j), h, 0));
-          const int r = get<0>(rc) - h * Tile::kHalfRows;
+          const int r = get<0>(rc) - half_row;
           *reinterpret_cast<__nv_bfloat162*>(smem + r * Tile::kPitch + get<1>(rc)) =
               __floats2bfloat162_rn(act[0], act[1]);
         }
