@@ -212,10 +212,17 @@ def bench_moe_backward(name, cfg, anchor_rows):
     grad = torch.randn(T, d, device="cuda").bfloat16()
     layers = {"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
               "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)}
+    params = (x, router, w1, w2)
+
+    def step(layer):  # a training step's backward: gradients start unset (zero_grad's default)
+        for t in params:
+            t.grad = None
+        layer().backward(grad)
+
     fns = {}
     for impl, layer in layers.items():
         fns[f"{impl}_fwd"] = layer
-        fns[f"{impl}_fwd_bwd"] = (lambda layer: lambda: layer().backward(grad))(layer)
+        fns[f"{impl}_fwd_bwd"] = (lambda layer: lambda: step(layer))(layer)
     ms = time_interleaved(fns, rounds=5, iters=5)
     fwd, fwd_bwd = 6.0 * T * K * d * n, 18.0 * T * K * d * n
     row = {"config": name}
@@ -224,7 +231,7 @@ def bench_moe_backward(name, cfg, anchor_rows):
         row[f"{impl}_bwd_tflops"] = (fwd_bwd - fwd) / bwd_ms / 1e9
         row[f"{impl}_fwd_bwd_tflops"] = fwd_bwd / ms[f"{impl}_fwd_bwd"] / 1e9
         row[f"{impl}_kept_MiB"] = kept_mib(layer)
-        for t in (x, router, w1, w2):
+        for t in params:
             t.grad = None
     up = next((r for r in anchor_rows if r["config"] == name and r["impl"] == "sonicmoe-upstream"), {})
     row.update({f"upstream_{k}_anchor": up.get(k) for k in ("bwd_tflops", "fwd_bwd_tflops", "kept_MiB")})
