@@ -6,8 +6,8 @@
 // 384 threads: warpgroup 0 produces (TMA, or cp.async gather plus TMA), warpgroups 1 and 2
 // consume, either in ping-pong (Mainloop::kConsumers == 1: they take alternate tiles of the
 // CTA's persistent sequence, so one warpgroup's epilogue runs while the other's WGMMAs keep
-// the tensor cores busy) or cooperatively (kConsumers == 2: both work on every tile, 128 rows
-// each). Register budgets are rebalanced with setmaxnreg (producer 40 / 72 when gathering,
+// the tensor cores busy) or cooperatively (kConsumers == 2: both work on every tile, half its
+// rows each). Register budgets are rebalanced with setmaxnreg (producer 40 / 72 when gathering,
 // consumers 232 / 216).
 #pragma once
 

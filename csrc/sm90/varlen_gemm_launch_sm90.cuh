@@ -162,6 +162,15 @@ Status run_varlen_store_gemm(const GroupedGemmParams& p) {
                                     p.stream, p.partial_rows);
 }
 
+// A gathering mainloop's A operand: row r of the tile is src[gather_idx[r]], src (rows, k) bf16.
+template <class MainloopParams>
+void set_gathered_a(MainloopParams& m, const void* src, const int32_t* gather_idx, int64_t rows, int64_t k) {
+  m.gather_src = static_cast<const cutlass::bfloat16_t*>(src);
+  m.gather_idx = gather_idx;
+  m.gather_src_rows = static_cast<int>(rows);
+  m.k = static_cast<int>(k);
+}
+
 // K1: the up-projection with the x gather and SwiGLU fused in (UpProjParams). Each K1 unit
 // instantiates it for one varlen configuration.
 template <GemmTileConfig kConfig>
@@ -170,10 +179,7 @@ Status run_up_proj_varlen(const UpProjParams& p) {
   using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
-  params.mainloop.gather_src = static_cast<const cutlass::bfloat16_t*>(p.x);
-  params.mainloop.gather_idx = p.gather_idx;
-  params.mainloop.gather_src_rows = static_cast<int>(p.num_tokens);
-  params.mainloop.k = static_cast<int>(p.d);
+  set_gathered_a(params.mainloop, p.x, p.gather_idx, p.num_tokens, p.d);
   params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
   params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
   params.epilogue.n = static_cast<int>(p.n);
@@ -188,14 +194,11 @@ template <GemmTileConfig kConfig>
 Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/false>;
   using Kernel = VarlenGemmKernel<Mainloop, DSwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
-  static_assert(kVarlenTileN == kDownProjGradBlockCols, "d_score_partial slots are N tiles");
+  static_assert(Mainloop::kTileN == kDownProjGradBlockCols, "d_score_partial slots are N tiles");
   using Element = cutlass::bfloat16_t;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w2, p.n, p.d, p.num_experts));
-  params.mainloop.gather_src = static_cast<const Element*>(p.d_out);
-  params.mainloop.gather_idx = p.gather_idx;
-  params.mainloop.gather_src_rows = static_cast<int>(p.num_tokens);
-  params.mainloop.k = static_cast<int>(p.d);
+  set_gathered_a(params.mainloop, p.d_out, p.gather_idx, p.num_tokens, p.d);
   params.epilogue.h = static_cast<const Element*>(p.h);
   params.epilogue.row_score = p.row_score;
   params.epilogue.d_h = static_cast<Element*>(p.d_h);
