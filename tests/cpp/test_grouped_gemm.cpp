@@ -53,7 +53,7 @@ TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](GroupedGemmParams& p) { p.k = 0; }, "k = 0 breaks the rule"},
       {[](GroupedGemmParams& p) { p.n_out = 1530; }, "n_out = 1530 breaks the rule"},
       {[](GroupedGemmParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
-      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(11); }, "config = 11 breaks"},
+      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(10); }, "config = 10 breaks"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_grouped_gemm);
 }

@@ -57,8 +57,8 @@ def test_up_proj_runs_on_the_varlen_configurations_only():
             "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 9)")):
         torch.ops.sonicmoe.up_proj(*valid(), True, False, 3)
     with pytest.raises(ValueError, match=re.escape(
-            "up_proj: tile_config = 11 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
-        torch.ops.sonicmoe.up_proj(*valid(), True, False, 11)
+            "up_proj: tile_config = 10 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
+        torch.ops.sonicmoe.up_proj(*valid(), True, False, 10)
 
 
 def test_fake_tensor_shapes_without_a_gpu():
