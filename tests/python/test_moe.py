@@ -131,6 +131,29 @@ def test_skewed_routing_hot_expert_and_empty_ones():
 
 
 @requires_hopper
+@pytest.mark.parametrize("repeat", range(3))
+def test_idle_experts_get_exactly_zero_weight_gradients_on_recycled_memory(repeat):
+    # The weight gradients come from torch._grouped_mm with no zeroing pass: an empty group must
+    # be written as zeros. Freed NaN blocks of the gradients' size make the caching allocator
+    # hand the backward recycled memory, so an unwritten expert would show NaN here.
+    T, d, n, E, K = 300, 256, 128, 16, 2
+    gen = generator("cuda", "idle", repeat)
+    x, _, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    w1.requires_grad_()
+    w2.requires_grad_()
+    experts = torch.stack([torch.zeros(T, dtype=torch.long, device="cuda"),
+                           1 + torch.arange(T, device="cuda") % 5], dim=1)  # experts 6..15 idle
+    scores = torch.rand(T, K, device="cuda", generator=gen).softmax(-1)
+    for _ in range(2):
+        poison = [torch.full_like(w, float("nan")) for w in (w1, w2) for _ in range(4)]
+        del poison
+        w1.grad = w2.grad = None
+        sonicmoe.moe_routed(x, w1, w2, scores, experts).backward(torch.randn(T, d, device="cuda").bfloat16())
+        assert (w1.grad[6:] == 0).all() and (w2.grad[6:] == 0).all()
+        assert torch.isfinite(w1.grad[:6]).all() and torch.isfinite(w2.grad[:6]).all()
+
+
+@requires_hopper
 @pytest.mark.parametrize("name", list(ANCHORS))
 def test_anchor_configs_forward_at_reduced_T(name):
     d, n, E, K = ANCHORS[name]
