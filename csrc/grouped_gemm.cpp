@@ -90,12 +90,16 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   if (!problem.empty()) return Status::error(problem);
 
   if (params.b_layout == WeightLayout::kKN) {
-    switch (params.config) {
+    const GemmTileConfig config = params.config == GemmTileConfig::kAuto
+                                      ? sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out,
+                                                                            params.num_experts)
+                                      : params.config;
+    switch (config) {
       case GemmTileConfig::kVarlenCooperative128x256x64:
         return sm90::run_varlen_grouped_gemm_kn_cooperative_128x256(params);
       case GemmTileConfig::kVarlenCooperative256x128x64:
         return sm90::run_varlen_grouped_gemm_kn_cooperative_256x128(params);
-      default: return sm90::run_varlen_grouped_gemm_kn(params);  // kAuto, kVarlenPingpong128x128x64
+      default: return sm90::run_varlen_grouped_gemm_kn(params);  // kVarlenPingpong128x128x64
     }
   }
   switch (params.config) {

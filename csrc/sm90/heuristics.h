@@ -24,6 +24,16 @@ inline GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out,
   return GemmTileConfig::kPingpong128x128x64;
 }
 
+// K6 (dX~ = dH @ w1[e], w1 read N-major): cooperative 128 x 256 where the output is wide and
+// experts hold many rows. On the H200 (session 5, run 2) it ran 3-7% faster than ping-pong
+// 128 x 128 at d 4096 with 2048 rows per expert and 11% at olmoe (d 2048, 4096 rows), but 1.5%
+// slower at qwen3-30b (d 2048, 2048 rows), 7% at deepseek-v3 (512 rows) and 1% at d 1536.
+inline GemmTileConfig choose_grouped_gemm_kn_config(int64_t m_total, int64_t n_out, int num_experts) {
+  const int64_t rows_per_expert = num_experts > 0 ? m_total / num_experts : m_total;
+  const bool wide = n_out % 256 == 0 && rows_per_expert >= 1024 && (n_out >= 4096 || rows_per_expert >= 4096);
+  return wide ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenPingpong128x128x64;
+}
+
 // K1's tile: cooperative 128 x 256 (a gathered x row serves 128 gate and 128 up columns, half
 // the gather work per FLOP) where n fills its 128-column halves; it measured 1-46% faster than
 // ping-pong 128 x 128 on 7 of the 8 anchor configs (1.5% slower at paper-7b-n1024).

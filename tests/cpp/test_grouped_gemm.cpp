@@ -11,6 +11,7 @@
 
 #include "common/grouped_gemm_workspace.h"
 #include "common/tile_size.h"
+#include "sm90/heuristics.h"
 #include "sonicmoe.h"
 #include "test_util.h"
 
@@ -113,6 +114,19 @@ TEST(GroupedGemmHost, heuristic_picks_a_concrete_config) {
       EXPECT_GT(sonicmoe::gemm_tile_shape(c).m, 0);
     }
   }
+}
+
+TEST(GroupedGemmHost, kn_heuristic_takes_the_wide_tile_only_where_it_measured_faster) {
+  using sonicmoe::sm90::choose_grouped_gemm_kn_config;
+  constexpr auto kWide = GemmTileConfig::kVarlenCooperative128x256x64;
+  constexpr auto kPingpong = GemmTileConfig::kVarlenPingpong128x128x64;
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4096, 128), kWide);    // qwen3-235b, paper-30b/120b
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 2048, 64), kWide);     // olmoe-1b-7b
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 2048, 128), kPingpong);  // qwen3-30b-a3b
+  EXPECT_EQ(choose_grouped_gemm_kn_config(131072, 7168, 256), kPingpong);  // deepseek-v3: 512 rows
+  EXPECT_EQ(choose_grouped_gemm_kn_config(196608, 1536, 128), kPingpong);  // paper-7b: d 1536
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4104, 128), kPingpong);  // n_out not in 256s
+  EXPECT_EQ(choose_grouped_gemm_kn_config(0, 4096, 0), kPingpong);
 }
 
 // ---------------------------------------------------------------- GPU: kernel vs CPU loop
