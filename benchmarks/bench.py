@@ -323,7 +323,7 @@ def bench_token_rounding(cfg, tile=128):
     The forward is also split into its routing part (router GEMM, top-K or rounding) and its
     expert part (sorted layout, K1, K2, K3 from given routing decisions)."""
     from sonicmoe.functional import _MoEDenseExperts
-    from sonicmoe.routing import token_rounding
+    from sonicmoe.routing import token_rounding_expert_major
 
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
     x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
@@ -337,7 +337,7 @@ def bench_token_rounding(cfg, tile=128):
         counts = torch.bincount(experts.flatten(), minlength=E)
         padded = ((counts + tile - 1) // tile * tile).sum()
         waste = float((padded - counts.sum()) / counts.sum())
-        dense_scores, assigned = token_rounding(logits.float(), K, tile)
+        probs, probs_t, assigned_t = token_rounding_expert_major(logits.float(), K, tile)
     fns = {}
     for routing in ("topk_softmax", "token_rounding"):
         def fwd(routing=routing):
@@ -353,7 +353,7 @@ def bench_token_rounding(cfg, tile=128):
 
     def experts_rounded():
         with torch.no_grad():
-            return _MoEDenseExperts.apply(x, w1, w2, dense_scores, assigned, K, tile, False)
+            return _MoEDenseExperts.apply(x, w1, w2, probs, probs_t, assigned_t, K, tile, False)
 
     fns["topk_softmax_experts"] = experts_topk
     fns["token_rounding_experts"] = experts_rounded

@@ -22,7 +22,8 @@ from . import reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
                    down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj,
                    weight_grad)
-from .routing import dense_routing_metadata, dense_row_bound, scores_from_logits, token_rounding
+from .routing import (dense_routing_metadata_expert_major, dense_row_bound, scores_from_logits,
+                      token_rounding_expert_major)
 
 __all__ = ["moe", "moe_routed"]
 
@@ -141,12 +142,16 @@ class _MoEDenseExperts(torch.autograd.Function):
     """Expert MLPs and combine for a dense (T, E) assignment (token rounding) on the kernels: the
     sorted layout lives in upper-bound buffers (the row count is known only on the device), the
     kernels run with partial_rows, combine walks each token's entries. Saves x, H and the
-    metadata; backward: _experts_backward, dX by combine_csr, dscores scattered to (T, E)."""
+    metadata; backward: _experts_backward, dX by combine_csr, dscores scattered to (T, E).
+
+    scores (T, E) carry the gradient and are read only at assigned pairs (the router's full
+    probabilities serve; their gradient is zero elsewhere). scores_t and assigned_t are the same
+    scores and the assignment expert-major (E, T), the layout kernels' input."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, scores, assigned, top_k, tile, keep_h):
-        T, E = assigned.shape
-        meta = dense_routing_metadata(scores, assigned, dense_row_bound(T, E, top_k, tile))
+    def forward(ctx, x, w1, w2, scores, scores_t, assigned_t, top_k, tile, keep_h):
+        E, T = assigned_t.shape
+        meta = dense_routing_metadata_expert_major(scores_t, assigned_t, dense_row_bound(T, E, top_k, tile))
         h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h, partial_rows=True)
         y = grouped_gemm(a, w2, meta.expert_offsets, tile_config="varlen_pingpong_128x128x64",
                          partial_rows=True)
@@ -174,7 +179,7 @@ class _MoEDenseExperts(torch.autograd.Function):
             flat = torch.where(r < offsets[-1], gather_idx.long() * E + expert, T * E)
             dscores = torch.zeros(T * E + 1, dtype=torch.float32, device=x.device)
             dscores = dscores.scatter_(0, flat, d_row_score)[: T * E].view(T, E)
-        return dx, dw1, dw2, dscores, None, None, None, None
+        return dx, dw1, dw2, dscores, None, None, None, None, None
 
 
 _DENSE_EAGER_REASON = (
@@ -184,8 +189,8 @@ _DENSE_EAGER_REASON = (
 
 
 @torch.compiler.disable(reason=_DENSE_EAGER_REASON)
-def _dense_experts(x, w1, w2, scores, assigned, top_k, tile, keep_h):
-    return _MoEDenseExperts.apply(x, w1, w2, scores, assigned, top_k, tile, keep_h)
+def _dense_experts(x, w1, w2, scores, scores_t, assigned_t, top_k, tile, keep_h):
+    return _MoEDenseExperts.apply(x, w1, w2, scores, scores_t, assigned_t, top_k, tile, keep_h)
 
 
 def moe_routed(x, w1, w2, scores, experts):
@@ -219,9 +224,10 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         if x.device.type == "cpu" or not _kernel_path(x, w1, w2):
             return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
         x2 = x.reshape(-1, d)
-        scores, assigned = token_rounding(F.linear(x2, router_weight).float(), top_k, tile, rule)
-        keep_h = _grad_enabled_for(x2, w1, w2, scores)
-        return _dense_experts(x2, w1, w2, scores, assigned, top_k, tile, keep_h).reshape(x.shape)
+        probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x2, router_weight).float(), top_k,
+                                                                 tile, rule)
+        keep_h = _grad_enabled_for(x2, w1, w2, probs)
+        return _dense_experts(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h).reshape(x.shape)
     x2 = x.reshape(-1, d)
     logits = F.linear(x2, router_weight)
     kernel_router = router_weight.shape[0] <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K

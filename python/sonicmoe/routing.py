@@ -18,11 +18,13 @@ __all__ = [
     "DenseRoutingMetadata",
     "RoutingMetadata",
     "dense_routing_metadata",
+    "dense_routing_metadata_expert_major",
     "dense_row_bound",
     "TOKEN_ROUNDING_RULES",
     "routing_metadata",
     "scores_from_logits",
     "token_rounding",
+    "token_rounding_expert_major",
 ]
 
 
@@ -115,6 +117,21 @@ def token_rounding(
     Float64 probabilities rank by a sort; 32-bit and narrower ones by a bounded top-k, which
     gives the same result without sorting all T tokens per expert.
     """
+    probs, _, assigned_t = token_rounding_expert_major(logits, top_k, tile, rule)
+    assigned = assigned_t.t().contiguous()
+    return probs * assigned, assigned
+
+
+def token_rounding_expert_major(
+    logits: torch.Tensor, top_k: int, tile: int = 128, rule: str = "nearest"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """token_rounding's assignment in the form the layer's kernels take, without the (T, E)
+    transposes and the masking pass that the public form needs (at T 16384, E 512 on the H200
+    those were ~200 of a 1.6 ms forward).
+
+    Returns probs (T, E), the softmax over all E (differentiable; scores = probs where assigned),
+    probs_t (E, T) fp32 detached, and assigned_t (E, T) bool (either may be a transposed view).
+    """
     if rule not in TOKEN_ROUNDING_RULES:
         raise ValueError(f"rule: expected one of {TOKEN_ROUNDING_RULES}, got {rule!r}")
     if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
@@ -132,8 +149,7 @@ def token_rounding(
         chosen_t = torch.zeros(E, T, dtype=torch.bool, device=logits.device).scatter_(0, top.t(), True)
         probs_t = probs.detach().float().t().contiguous()
         assigned_t, _ = token_rounding_assign(probs_t, chosen_t, tile, TOKEN_ROUNDING_RULES.index(rule))
-        assigned = assigned_t.t().contiguous()
-        return probs * assigned, assigned
+        return probs, probs_t, assigned_t
     chosen = torch.zeros(T, E, dtype=torch.bool, device=logits.device)
     chosen.scatter_(1, logits.topk(top_k, dim=-1).indices, True)
     counts = chosen.sum(dim=0)
@@ -142,7 +158,7 @@ def token_rounding(
         assigned = _assign_by_bounded_topk(probs.detach(), chosen, counts, target, tile)
     else:
         assigned = _assign_by_sort(probs.detach(), chosen, target)
-    return probs * assigned, assigned
+    return probs, probs.detach().float().t(), assigned.t()
 
 
 def _on_routing_kernels(logits, num_experts, top_k) -> bool:
@@ -229,14 +245,22 @@ def dense_row_bound(num_tokens: int, num_experts: int, top_k: int, tile: int) ->
 
 def dense_routing_metadata(scores: torch.Tensor, assigned: torch.Tensor, row_bound: int) -> DenseRoutingMetadata:
     """DenseRoutingMetadata of scores (T, E) and assigned (T, E) bool, with no host sync: every
-    tensor's size follows from the shapes and row_bound. On CUDA the dense_layout kernels build
-    it; elsewhere the assigned pairs are listed by nonzero_static (fixed size, no sync) twice: of
-    assigned.T, expert-major, which is the sorted layout, and of assigned, token-major, which is
-    the entry order."""
-    T, E = assigned.shape
-    if assigned.is_cuda and extension_available() and E <= ROUTER_MAX_EXPERTS:  # token_rounding.cu
-        return DenseRoutingMetadata(*dense_layout(assigned.t().contiguous(),
-                                                  scores.detach().float().t().contiguous(), row_bound))
+    tensor's size follows from the shapes and row_bound. Scores are read only where assigned.
+    On CUDA the dense_layout kernels build it; elsewhere the assigned pairs are listed by
+    nonzero_static (fixed size, no sync) twice: of assigned.T, expert-major, which is the sorted
+    layout, and of assigned, token-major, which is the entry order."""
+    return dense_routing_metadata_expert_major(scores.t(), assigned.t(), row_bound)
+
+
+def dense_routing_metadata_expert_major(scores_t: torch.Tensor, assigned_t: torch.Tensor,
+                                        row_bound: int) -> DenseRoutingMetadata:
+    """dense_routing_metadata from expert-major (E, T) scores and assignment (the kernels' layout,
+    so no transpose is made when they are contiguous)."""
+    E, T = assigned_t.shape
+    if assigned_t.is_cuda and extension_available() and E <= ROUTER_MAX_EXPERTS:  # token_rounding.cu
+        return DenseRoutingMetadata(*dense_layout(assigned_t.contiguous(),
+                                                  scores_t.detach().float().contiguous(), row_bound))
+    assigned, scores = assigned_t.t(), scores_t.t()
     device = assigned.device
     ones = assigned.to(torch.int32)
     expert_offsets = torch.zeros(E + 1, dtype=torch.int32, device=device)

@@ -194,20 +194,26 @@ def test_token_rounding_forward_captures_in_a_cuda_graph():
 
 @requires_hopper
 @pytest.mark.parametrize("T,d,n,E,K,tile,rule", KERNEL_CASES)
-def test_token_rounding_backward_on_the_kernels(T, d, n, E, K, tile, rule):
+@pytest.mark.parametrize("full_probs", [False, True])
+def test_token_rounding_backward_on_the_kernels(T, d, n, E, K, tile, rule, full_probs):
     # The kernels' backward over the dense layout against the fp32 reference with the same
     # routing decisions: dx, dw1, dw2 and dscores (at the assigned pairs; zero elsewhere).
+    # full_probs: the layer passes the router's probabilities unmasked (read only where assigned).
     from sonicmoe.functional import _MoEDenseExperts
+    from sonicmoe.routing import token_rounding_expert_major
 
     gen = torch.Generator(device="cuda").manual_seed(T * 7 + E)
     x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
     router = (torch.randn(E, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
     w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
     w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16()
-    scores, assigned = token_rounding(torch.nn.functional.linear(x, router).float(), K, tile, rule)
+    logits = torch.nn.functional.linear(x, router).float()
+    scores, assigned = token_rounding(logits, K, tile, rule)
+    probs, probs_t, assigned_t = token_rounding_expert_major(logits, K, tile, rule)
+    assert torch.equal(assigned_t.t(), assigned)
     grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
-    leaves = [t.detach().requires_grad_() for t in (x, w1, w2, scores)]
-    out = _MoEDenseExperts.apply(*leaves, assigned, K, tile, True)
+    leaves = [t.detach().requires_grad_() for t in (x, w1, w2, probs if full_probs else scores)]
+    out = _MoEDenseExperts.apply(*leaves, probs_t if full_probs else scores.t(), assigned_t, K, tile, True)
     out.backward(grad)
     ref_leaves = [t.detach().float().requires_grad_() for t in (x, w1, w2, scores)]
     reference.moe_dense_routed(*ref_leaves, assigned).backward(grad.float())
