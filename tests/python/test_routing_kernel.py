@@ -56,8 +56,9 @@ def test_routing_metadata_rejects(args, message):
 
 @requires_hopper
 @pytest.mark.parametrize("routing", ROUTINGS)
+# E covers every slot count the kernel is instantiated for (1, 2, 4, 8, 16 and 32 logits per lane).
 @pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 1), (1000, 128, 8), (777, 256, 8), (300, 1024, 32),
-                                   (513, 33, 5)])
+                                   (513, 33, 5), (200, 64, 4), (260, 512, 8), (90, 32, 8)])
 def test_router_topk_matches_torch(routing, T, E, K):
     gen = torch.Generator(device="cuda").manual_seed(T + E + K)
     # Well separated logits: a near-tie may pick either expert (DESIGN §7). Distinct and within
@@ -75,8 +76,10 @@ def test_router_topk_matches_torch(routing, T, E, K):
 
 
 @requires_hopper
+# 40000 tokens: 1250 chunks, more than one pass of the per-expert chunk scan.
 @pytest.mark.parametrize("T,E,K,skew", [(0, 8, 2, False), (1, 4, 1, False), (1000, 128, 8, False),
-                                        (4097, 256, 8, True), (333, 1024, 32, False), (64, 7, 7, False)])
+                                        (4097, 256, 8, True), (333, 1024, 32, False), (64, 7, 7, False),
+                                        (40000, 64, 8, True)])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_routing_metadata_matches_torch(T, E, K, skew, index_dtype):
     gen = torch.Generator(device="cuda").manual_seed(T * 3 + E)
