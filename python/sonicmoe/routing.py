@@ -155,10 +155,10 @@ def token_rounding_expert_major(
     counts = chosen.sum(dim=0)
     target = _rounded_counts(counts, T, tile, rule)
     if probs.element_size() <= 4:
-        assigned = _assign_by_bounded_topk(probs.detach(), chosen, counts, target, tile)
+        assigned_t = _assign_by_bounded_topk(probs.detach(), chosen, counts, target, tile)
     else:
-        assigned = _assign_by_sort(probs.detach(), chosen, target)
-    return probs, probs.detach().float().t(), assigned.t()
+        assigned_t = _assign_by_sort(probs.detach(), chosen, target).t()
+    return probs, probs.detach().float().t(), assigned_t
 
 
 def _on_routing_kernels(logits, num_experts, top_k) -> bool:
@@ -196,11 +196,12 @@ def _assign_by_bounded_topk(probs, chosen, counts, target, tile):
     adds its target - count (< tile) best unchosen tokens or drops its count - target (< tile)
     worst chosen ones, so a top-(tile - 1) per expert suffices instead of a sort of all T.
     One int64 key per (token, expert), fp32 probability bits over reversed token index, orders
-    like the sort (non-negative floats order as their bits) and makes every key distinct."""
+    like the sort (non-negative floats order as their bits) and makes every key distinct.
+    Returns the assignment expert-major (E, T), as it is computed."""
     T, E = probs.shape
     j = min(tile - 1, T)
     if j == 0:
-        return chosen
+        return chosen.t()
     bits = probs.float().t().contiguous().view(torch.int32).long()  # (E, T)
     reversed_token = torch.arange(T - 1, -1, -1, device=probs.device)
     key = (bits << 32) | reversed_token
@@ -214,7 +215,7 @@ def _assign_by_bounded_topk(probs, chosen, counts, target, tile):
     wanted = torch.arange(j, device=probs.device) < (target - counts).abs().unsqueeze(1)
     flips = torch.zeros(E, T, dtype=torch.bool, device=probs.device)
     flips.scatter_(1, candidates, wanted)
-    return (chosen.t() ^ flips).t().contiguous()
+    return chosen.t() ^ flips
 
 
 class DenseRoutingMetadata(NamedTuple):
