@@ -180,7 +180,10 @@ exclusive_scan_kernel(const int32_t* __restrict__ in, int64_t n, int32_t* __rest
   }
 }
 
-// Per expert: its assigned tokens in order are its sorted rows.
+// Per expert: its assigned tokens in order are its sorted rows. A thread takes kRowItems
+// consecutive tokens per pass (one 8-byte load where rows are 8-byte aligned): v1 took one token
+// per thread, 32 block scans per expert at T 16384 (57 µs for E 512 on the H200).
+constexpr int kRowItems = 8;
 __global__ void __launch_bounds__(kThreads)
 expert_rows_kernel(const uint8_t* __restrict__ assigned_t, const float* __restrict__ scores_t,
                    int64_t num_tokens, const int32_t* __restrict__ expert_offsets,
@@ -189,19 +192,33 @@ expert_rows_kernel(const uint8_t* __restrict__ assigned_t, const float* __restri
   __shared__ typename BlockScan::TempStorage temp;
   const int e = blockIdx.x;
   const int64_t T = num_tokens;
+  const uint8_t* flags = assigned_t + e * T;
+  const bool aligned = T % kRowItems == 0;
   int row = expert_offsets[e];
-  for (int64_t base = 0; base < T; base += kThreads) {
-    const int64_t t = base + threadIdx.x;
-    const int mine = t < T ? assigned_t[e * T + t] : 0;
-    int rank, total;
+  for (int64_t base = 0; base < T; base += int64_t(kThreads) * kRowItems) {
+    const int64_t t0 = base + int64_t(threadIdx.x) * kRowItems;
+    int mine[kRowItems];
+    if (aligned && t0 < T) {
+      const uint2 packed = *reinterpret_cast<const uint2*>(flags + t0);
+      #pragma unroll
+      for (int i = 0; i < kRowItems; ++i) mine[i] = ((i < 4 ? packed.x : packed.y) >> (8 * (i % 4))) & 0xff;
+    } else {
+      #pragma unroll
+      for (int i = 0; i < kRowItems; ++i) mine[i] = t0 + i < T ? flags[t0 + i] : 0;
+    }
+    int rank[kRowItems], total;
     BlockScan(temp).ExclusiveSum(mine, rank, total);
-    if (mine) {
-      gather_idx[row + rank] = static_cast<int32_t>(t);
-      sorted_scores[row + rank] = scores_t[e * T + t];
-      row_of[e * T + t] = row + rank;
+    #pragma unroll
+    for (int i = 0; i < kRowItems; ++i) {
+      if (mine[i]) {
+        const int64_t t = t0 + i;
+        gather_idx[row + rank[i]] = static_cast<int32_t>(t);
+        sorted_scores[row + rank[i]] = scores_t[e * T + t];
+        row_of[e * T + t] = row + rank[i];
+      }
     }
     row += total;
-    __syncthreads();
+    __syncthreads();  // temp is reused
   }
 }
 
