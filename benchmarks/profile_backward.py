@@ -1,7 +1,7 @@
 """Kernel list of one sonicmoe.moe backward on the GPU (torch profiler; gradients unset first, as
 optimizer.zero_grad leaves them), per config: where the backward's time goes.
 
-    python benchmarks/profile_backward.py [paper-30b-n512] [qwen3-235b-a22b]
+    python benchmarks/profile_backward.py [paper-30b-n512] [qwen3-235b-a22b] [olmoe-1b-7b] [qwen3-30b-a3b]
 """
 import sys
 
@@ -10,7 +10,8 @@ sys.path.insert(0, "python")  # run from the repository root
 import sonicmoe
 from torch.profiler import profile, ProfilerActivity
 
-CFGS = {"paper-30b-n512": (32768, 4096, 512, 128, 8), "qwen3-235b-a22b": (32768, 4096, 1536, 128, 8)}
+CFGS = {"paper-30b-n512": (32768, 4096, 512, 128, 8), "qwen3-235b-a22b": (32768, 4096, 1536, 128, 8),
+        "olmoe-1b-7b": (32768, 2048, 1024, 64, 8), "qwen3-30b-a3b": (32768, 2048, 768, 128, 8)}
 for name in sys.argv[1:] or CFGS:
     T, d, n, E, K = CFGS[name]
     x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
