@@ -274,6 +274,10 @@ def bench_backward_kernels(name, cfg):
            for tile, short in VARLEN_TILES.items() if short != "pp"},
         "K5_weight_grad_dw2": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),
         "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False), 2 * gemm),
+        "K5_co_n256": (lambda: weight_grad(d_out, a_scaled, off, g, True, tile_config="varlen_cooperative_128x256x64"),
+                       gemm),
+        "K7_co_m256": (lambda: weight_grad(d_h, x, off, g, False, tile_config="varlen_cooperative_256x128x64"),
+                       2 * gemm),
         "gather_gmm_dw2": (lambda: torch._grouped_mm(d_out[g.long()].t(), a_scaled, offs=off[1:]), gemm),
         "gather_gmm_dw1": (lambda: torch._grouped_mm(d_h.t(), x[g.long()], offs=off[1:]), 2 * gemm),
     }
@@ -467,9 +471,10 @@ def main():
                             "K2_auto = CUTLASS ptr-array"),
         "backward_kernels": (bench_backward_kernels,
                              ("K4_down_proj_grad", "K4_co_m256", "K6_grouped_gemm_kn", "K6_co_n256", "K6_co_m256",
-                              "K5_weight_grad_dw2", "K7_weight_grad_dw1", "gather_gmm_dw2", "gather_gmm_dw1"),
+                              "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
+                              "gather_gmm_dw2", "gather_gmm_dw1"),
                              "K4/K6 = ping-pong 128x128, _co_n256 / _co_m256 = cooperative 128x256 / 256x128; "
-                             "K5/K7 = weight_grad, gather_gmm = gathered copy + torch._grouped_mm"),
+                             "K5/K7 = weight_grad (ping-pong), gather_gmm = gathered copy + torch._grouped_mm"),
     }
     for op, (bench_fn, parts, note) in kernel_tables.items():
         if op not in ops:

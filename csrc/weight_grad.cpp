@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/host_rules.h"
+#include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sonicmoe.h"
 
@@ -26,6 +27,22 @@ std::string check_weight_grad(const WeightGradParams& p) {
     return rule("m_out", p.m_out, "num_experts * m_out output rows must fit in int32");
   const int64_t tiles = int64_t(p.num_experts) * ((p.m_out + 127) / 128) * ((p.n_out + 127) / 128);
   if (tiles > INT32_MAX) return rule("n_out", p.n_out, "the output's 128 x 128 tiles must fit in int32");
+  const bool cooperative = p.config == GemmTileConfig::kVarlenCooperative128x256x64 ||
+                           p.config == GemmTileConfig::kVarlenCooperative256x128x64;
+  if (!cooperative && p.config != GemmTileConfig::kAuto && p.config != GemmTileConfig::kVarlenPingpong128x128x64)
+    return rule("config", static_cast<int>(p.config),
+                "must be 0 (auto), 7 (varlen_pingpong_128x128x64), 8 (varlen_cooperative_128x256x64, "
+                "gather_a) or 9 (varlen_cooperative_256x128x64, gather_b)");
+  if (cooperative && (p.config == GemmTileConfig::kVarlenCooperative128x256x64) != p.gather_a)
+    return rule("config", static_cast<int>(p.config),
+                p.gather_a ? "must not be 9 with gather_a: the gathered side of a cooperative tile is 128 wide "
+                             "(8, varlen_cooperative_128x256x64)"
+                           : "must not be 8 without gather_a: the gathered side of a cooperative tile is 128 "
+                             "wide (9, varlen_cooperative_256x128x64)");
+  if (cooperative && p.partial_rows)
+    return rule("config", static_cast<int>(p.config),
+                "must be 0 or 7 with partial_rows: a cooperative tile loads its 256-wide side by TMA, "
+                "which would read the unwritten rows past offsets[E]");
   return {};
 }
 
@@ -39,6 +56,11 @@ Status run_weight_grad(const WeightGradParams& p) {
     return Status::error("weight_grad: a, b, expert_offsets, gather_idx and out must be non-null");
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out))
     return Status::error("weight_grad: a, b and out must be 16-byte aligned");
+  // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA
+  // cannot describe an empty tensor).
+  const bool cooperative = p.config == GemmTileConfig::kVarlenCooperative128x256x64 ||
+                           p.config == GemmTileConfig::kVarlenCooperative256x128x64;
+  if (cooperative && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
   return sm90::run_weight_grad(p);
 }
 

@@ -38,7 +38,9 @@ Status run_up_proj(const UpProjParams& params);
 Status run_up_proj_cooperative_128x256(const UpProjParams& params);
 Status run_up_proj_cooperative_256x128(const UpProjParams& params);
 
-// K5 / K7 (run_weight_grad of sonicmoe.h) once the host rules have passed.
+// K5 / K7 (run_weight_grad of sonicmoe.h) once the host rules have passed: ping-pong 128 x 128,
+// or cooperative with the gathered side 128 wide (128 x 256 gathering A, 256 x 128 gathering B).
 Status run_weight_grad(const WeightGradParams& params);
+Status run_weight_grad_cooperative(const WeightGradParams& params);
 
 }  // namespace sonicmoe::sm90

@@ -14,8 +14,9 @@ constexpr const char* kOp = "weight_grad";
 
 WeightGradParams weight_grad_shape(const at::Tensor& a, const at::Tensor& b,
                                    const at::Tensor& expert_offsets, const at::Tensor& gather_idx,
-                                   bool gather_a, bool partial_rows) {
+                                   bool gather_a, bool partial_rows, int64_t tile_config) {
   WeightGradParams p;
+  p.config = tile_config_arg(kOp, tile_config);
   p.gather_a = gather_a;
   p.partial_rows = partial_rows;
   p.num_tokens = (gather_a ? a : b).size(0);
@@ -28,7 +29,8 @@ WeightGradParams weight_grad_shape(const at::Tensor& a, const at::Tensor& b,
 
 // Everything that can be checked without a GPU, in the order a user would fix it.
 void check_weight_grad_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows) {
+                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows,
+                            int64_t tile_config) {
   check_dtype(kOp, a, "a", at::kBFloat16);
   check_dtype(kOp, b, "b", at::kBFloat16);
   check_dtype(kOp, expert_offsets, "expert_offsets", at::kInt);
@@ -49,7 +51,7 @@ void check_weight_grad_args(const at::Tensor& a, const at::Tensor& b, const at::
     check_contiguous(kOp, *t, name);
   check_aligned16(kOp, a, "a");
   check_aligned16(kOp, b, "b");
-  WeightGradParams shape = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows);
+  WeightGradParams shape = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
   shape.sm_count = 1;
   const std::string problem = check_weight_grad(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
@@ -64,11 +66,11 @@ void check_devices(const at::Tensor& a, const at::Tensor& b, const at::Tensor& e
 }  // namespace
 
 at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows) {
-  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows);
+                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config) {
+  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
   check_devices(a, b, expert_offsets, gather_idx);
   const c10::cuda::CUDAGuard guard(a.device());
-  WeightGradParams p = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows);
+  WeightGradParams p = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
   at::Tensor out = at::empty({p.num_experts, p.m_out, p.n_out}, a.options());
   p.a = a.data_ptr();
   p.b = b.data_ptr();
@@ -83,8 +85,8 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
 }
 
 at::Tensor weight_grad_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                           const at::Tensor& gather_idx, bool gather_a, bool partial_rows) {
-  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows);
+                           const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config) {
+  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
   check_devices(a, b, expert_offsets, gather_idx);  // a CPU tensor always fails here
   return {};
 }

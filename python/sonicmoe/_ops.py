@@ -79,14 +79,17 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
                                              partial_rows, _tile_config_number(tile_config))
 
 
-def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False):
+def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config="auto"):
     """K5 / K7: per expert e, out[e] = sum over its sorted rows r of a_row(r)^T b_row(r), fp32
     accumulation, bf16 (E, a.shape[1], b.shape[1]). The gathered operand's row r is its row
     gather_idx[r] (a's when gather_a: dW2 = weight_grad(dO, A', ..., True); else b's: dW1 =
     weight_grad(dH, x, ..., False)), gathered inside the kernel's loads. Experts without rows get
-    exact zeros. partial_rows as in grouped_gemm."""
+    exact zeros. partial_rows as in grouped_gemm. tile_config: "auto", "varlen_pingpong_128x128x64",
+    or cooperative with the gathered side 128 wide: "varlen_cooperative_128x256x64" with gather_a,
+    "varlen_cooperative_256x128x64" without (neither with partial_rows)."""
     _require_extension()
-    return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows)
+    return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows,
+                                          _tile_config_number(tile_config))
 
 
 def token_rounding_assign(probs_t, chosen_t, tile, rule):
@@ -213,7 +216,7 @@ if _C is not None:
                 torch.empty(row_bound, **ints), torch.empty(row_bound, **floats), torch.empty(row_bound, **floats))
 
     @torch.library.register_fake("sonicmoe::weight_grad")
-    def _weight_grad_fake(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False):
+    def _weight_grad_fake(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0):
         torch._check(a.dim() == 2 and b.dim() == 2, lambda: "weight_grad: a and b must be 2-D")
         return a.new_empty((expert_offsets.shape[0] - 1, a.shape[1], b.shape[1]))
 

@@ -23,6 +23,15 @@ WeightGradParams valid_shape() {  // dW1 of paper-7b-n256: dH (M, 2n)^T x (T, d)
   return p;
 }
 
+TEST(WeightGradHost, accepts_the_cooperative_tile_matching_the_gathered_side) {
+  WeightGradParams p = valid_shape();  // gathers b (x)
+  p.config = sonicmoe::GemmTileConfig::kVarlenCooperative256x128x64;
+  EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
+  p.gather_a = true;
+  p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64;
+  EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
+}
+
 TEST(WeightGradHost, accepts_anchor_shapes) {
   for (const auto& s : sonicmoe::test::kAnchorShapes) {
     WeightGradParams p = valid_shape();
@@ -43,6 +52,20 @@ TEST(WeightGradHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](WeightGradParams& p) { p.n_out = 0; }, "n_out = 0 breaks the rule"},
       {[](WeightGradParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
       {[](WeightGradParams& p) { p.num_experts = 1 << 20; p.m_out = 1 << 12; }, "output rows must fit in int32"},
+      {[](WeightGradParams& p) { p.config = sonicmoe::GemmTileConfig::kPingpong128x128x64; },
+       "weight_grad: config = 1 breaks the rule: must be 0 (auto), 7"},
+      {[](WeightGradParams& p) { p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64; },
+       "weight_grad: config = 8 breaks the rule: must not be 8 without gather_a"},
+      {[](WeightGradParams& p) {
+         p.gather_a = true;
+         p.config = sonicmoe::GemmTileConfig::kVarlenCooperative256x128x64;
+       },
+       "weight_grad: config = 9 breaks the rule: must not be 9 with gather_a"},
+      {[](WeightGradParams& p) {
+         p.partial_rows = true;
+         p.config = sonicmoe::GemmTileConfig::kVarlenCooperative256x128x64;
+       },
+       "weight_grad: config = 9 breaks the rule: must be 0 or 7 with partial_rows"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_weight_grad);
 }

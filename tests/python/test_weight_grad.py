@@ -26,8 +26,11 @@ def want_weight_grad(a, b, offsets, gather_idx, gather_a):
     return out
 
 
+# "cooperative": the tile whose gathered side is 128 wide (128 x 256 gathering A, 256 x 128
+# gathering B).
 @requires_hopper
 @pytest.mark.usefixtures("fp32_matmul_reference")
+@pytest.mark.parametrize("tile", ["auto", "cooperative"])
 @pytest.mark.parametrize("gather_a", [True, False])
 @pytest.mark.parametrize("T,K,m_out,n_out,E,layout", [
     (700, 8, 1536, 256, 128, "ragged"),   # dW2 / dW1 shapes of paper-7b at small T
@@ -36,8 +39,9 @@ def want_weight_grad(a, b, offsets, gather_idx, gather_a):
     (50, 1, 64, 64, 4, "ragged"),
     (0, 2, 128, 128, 8, "ragged"),        # no rows: every gradient exactly zero
     (257, 1, 256, 128, 1, "ragged"),      # one expert, a partial last k step
+    (600, 4, 392, 520, 6, "ragged"),      # partial 256-wide blocks on either side
 ])
-def test_weight_grad_matches_fp32(gather_a, T, K, m_out, n_out, E, layout):
+def test_weight_grad_matches_fp32(tile, gather_a, T, K, m_out, n_out, E, layout):
     gen = generator("wgrad", gather_a, T, K, m_out, n_out, E, layout)
     m_total = T * K
     counts = random_counts(m_total, E, gen) if layout == "ragged" else [0] * (E - 1) + [m_total]
@@ -45,7 +49,9 @@ def test_weight_grad_matches_fp32(gather_a, T, K, m_out, n_out, E, layout):
     gather_idx = torch.randint(0, max(T, 1), (m_total,), device="cuda", generator=gen, dtype=torch.int32)
     a = torch.randn(T if gather_a else m_total, m_out, device="cuda", generator=gen).bfloat16()
     b = torch.randn(m_total if gather_a else T, n_out, device="cuda", generator=gen).bfloat16()
-    out = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a)
+    tile_config = "auto" if tile == "auto" else \
+        "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
+    out = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, tile_config=tile_config)
     want = want_weight_grad(a, b, offsets, gather_idx, gather_a)
     assert out.shape == (E, m_out, n_out) and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
@@ -85,7 +91,7 @@ def test_weight_grad_opcheck():
 def _cpu_args(**change):
     args = dict(a=torch.zeros(10, 64, dtype=torch.bfloat16), b=torch.zeros(20, 32, dtype=torch.bfloat16),
                 expert_offsets=torch.tensor([0, 5, 20], dtype=torch.int32),
-                gather_idx=torch.zeros(20, dtype=torch.int32), gather_a=True, partial_rows=False)
+                gather_idx=torch.zeros(20, dtype=torch.int32), gather_a=True, partial_rows=False, tile_config=0)
     args.update(change)
     return args
 
@@ -103,6 +109,13 @@ def _cpu_args(**change):
      "weight_grad: expert_offsets.shape = [1] breaks the rule: needs at least one expert"),
     (dict(a=torch.zeros(64, 10, dtype=torch.bfloat16).t()), ValueError,
      "weight_grad: a.stride() = [1, 10] breaks the rule: must be contiguous"),
+    (dict(tile_config=3), ValueError, "weight_grad: config = 3 breaks the rule: must be 0 (auto), 7"),
+    (dict(tile_config=9), ValueError, "weight_grad: config = 9 breaks the rule: must not be 9 with gather_a"),
+    (dict(tile_config=8, gather_a=False, a=torch.zeros(20, 64, dtype=torch.bfloat16),
+          b=torch.zeros(10, 32, dtype=torch.bfloat16)), ValueError,
+     "weight_grad: config = 8 breaks the rule: must not be 8 without gather_a"),
+    (dict(tile_config=8, partial_rows=True), ValueError,
+     "weight_grad: config = 8 breaks the rule: must be 0 or 7 with partial_rows"),
     (dict(), ValueError, "weight_grad: a.device = cpu breaks the rule: must be a CUDA device"),
 ])
 def test_weight_grad_rejects_bad_arguments(change, error, message):

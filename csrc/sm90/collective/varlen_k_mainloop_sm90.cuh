@@ -29,7 +29,8 @@
 
 namespace sonicmoe::sm90 {
 
-template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kTmaDense_>
+template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kTmaDense_,
+          int kConsumers_ = 1>
 struct VarlenKMainloop {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
@@ -38,12 +39,19 @@ struct VarlenKMainloop {
   static constexpr bool kGatherA = kGatherA_;  // else B is the gathered operand
   static constexpr bool kTmaDense = kTmaDense_;  // the non-gathered operand by TMA
   static constexpr bool kCpAsyncProducer = true;
-  static constexpr int kConsumers = 1;  // ping-pong: a warpgroup owns a tile
+  // 1: ping-pong 128 x 128, a warpgroup owns a tile. 2: cooperative, both warpgroups on a tile
+  // whose TMA (dense) side is 256 wide and whose gathered side stays 128 wide: 128 x 256 when
+  // A is gathered, 256 x 128 when B is, so each gathered row chunk serves twice the FLOPs.
+  static constexpr int kConsumers = kConsumers_;
   static constexpr int kProducerThreads = 128;
   static constexpr int kBoxesB = 2;     // the epilogue's B box origins, unused here
   static constexpr int kBoxCols = 64;   // TMA box: 64 columns (one 128-byte swizzle row) ...
   static constexpr int kBoxRows = kTileK_;  // ... by one stage's rows
-  static_assert(kTileM == 128 && kTileN == 128, "the MMA atom is 64x128, two per tile");
+  static constexpr int kGatherCols = kGatherA ? kTileM : kTileN;  // the gathered operand's tile width
+  static constexpr int kDenseCols = kGatherA ? kTileN : kTileM;
+  static_assert(kConsumers == 1 ? (kTileM == 128 && kTileN == 128)
+                                : (kConsumers == 2 && kTmaDense && kGatherCols == 128 && kDenseCols == 256),
+                "ping-pong 128 x 128, or cooperative with a 128-wide gathered and a 256-wide TMA side");
 
   using Element = cutlass::bfloat16_t;
   // MN-major 64 x 8 swizzle atoms, k-atoms first (CUTLASS's order for MN-major operands).
@@ -55,13 +63,18 @@ struct VarlenKMainloop {
       cute::GMMA::Layout_MN_SW128_Atom<Element>{},
       cute::Shape<cute::Int<kTileN>, cute::Int<kTileK>, cute::Int<kStages>>{},
       cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  // One 64-row atom per warpgroup along M: ping-pong repeats it over 128 rows; cooperative
+  // warpgroup w runs rows 64 w (and 64 w + 128 of a 256-row tile), N the whole tile.
+  using MmaAtom = cute::conditional_t<
+      kTileN == 256, cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>,
+      cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>>;
   using TiledMma = decltype(cute::make_tiled_mma(
-      cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>{}));
+      MmaAtom{}, cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>{}));
 
   // Full barrier arrivals per stage: one per copying thread, plus the TMA issuer's.
   static constexpr uint32_t kFullArrivals = kTmaDense ? 1 + kProducerThreads : kProducerThreads;
-  static constexpr uint32_t kEmptyArrivals = 4;  // one per consumer warp
-  static constexpr uint32_t kBytesDense = (kGatherA ? kTileN : kTileM) * kTileK * sizeof(Element);
+  static constexpr uint32_t kEmptyArrivals = 4 * kConsumers;  // one per consumer warp
+  static constexpr uint32_t kBytesDense = kDenseCols * kTileK * sizeof(Element);
 
   using SharedStorage = StageBuffers<Element, SmemLayoutA, SmemLayoutB>;
   using Barriers = StageBarriers<kStages>;
@@ -90,14 +103,15 @@ struct VarlenKMainloop {
   }
 
   // Producer side of one tile (all 128 producer threads). Thread t copies chunk t % 16 (8
-  // columns) of sorted rows t / 16 + 8 j, j < 8, of both operands in every stage.
+  // columns) of sorted rows t / 16 + 8 j, j < 8, of the gathered operand (and of the other one
+  // too without kTmaDense; both are 128 wide then) in every stage.
   template <class Tile, class BoxRows>
   static __device__ void load(const Params& p, SharedStorage& s, Barriers& bar, const Tile& tile,
                               const BoxRows&, int& iteration, int thread_idx) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(s.a), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(s.b), SmemLayoutB{});
-    constexpr int kChunks = kTileM / 8;                     // 16-byte chunks per row and operand
+    constexpr int kChunks = kGatherCols / 8;                // 16-byte chunks per row and operand
     constexpr int kRowsPerPass = kProducerThreads / kChunks;
     constexpr int kPasses = kTileK / kRowsPerPass;
     const int chunk = thread_idx % kChunks;
@@ -135,7 +149,7 @@ struct VarlenKMainloop {
           Element* dense = kGatherA ? s.b + stage * kTileN * kTileK : s.a + stage * kTileM * kTileK;
           const int col0 = kGatherA ? tile.n_block * kTileN : tile.m_block * kTileM;
           CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < (kGatherA ? kTileN : kTileM) / kBoxCols; ++i) {
+          for (int i = 0; i < kDenseCols / kBoxCols; ++i) {
             SM90_TMA_LOAD_2D::copy(&p.tma_dense, &bar.full[stage], kCacheHint, dense + i * kBoxCols * kTileK,
                                    col0 + i * kBoxCols, tile.k_start + kt * kTileK);
           }

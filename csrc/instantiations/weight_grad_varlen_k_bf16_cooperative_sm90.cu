@@ -1,0 +1,18 @@
+// K5 / K7 on cooperative tiles: the gathered operand 128 wide (cp.async), the other 256 wide by
+// TMA, so a gathered row chunk serves twice the FLOPs of a ping-pong tile: K5 (A = dO gathered)
+// on 128x256x64, K7 (B = x gathered) on 256x128x64; 4 stages of 48 KB; sm90a. Every row must
+// be written (no partial_rows): the 256-wide side has no cp.async path.
+#include "sm90/grouped_gemm_sm90.h"
+#include "sm90/weight_grad_launch_sm90.cuh"
+
+namespace sonicmoe::sm90 {
+
+Status run_weight_grad_cooperative(const WeightGradParams& p) {
+  if (p.gather_a)
+    return run_weight_grad_with<VarlenKMainloop<128, 256, kVarlenTileK, kVarlenCooperativeStages,
+                                                /*gather_a=*/true, /*tma_dense=*/true, /*consumers=*/2>>(p);
+  return run_weight_grad_with<VarlenKMainloop<256, 128, kVarlenTileK, kVarlenCooperativeStages,
+                                              /*gather_a=*/false, /*tma_dense=*/true, /*consumers=*/2>>(p);
+}
+
+}  // namespace sonicmoe::sm90
