@@ -272,12 +272,10 @@ def bench_backward_kernels(name, cfg):
            for tile, short in VARLEN_TILES.items() if short not in ("pp", "co_n256")},
         **{f"K6_{short}": ((lambda t: lambda: grouped_gemm_kn(d_h, w1, off, tile_config=t))(tile), 2 * gemm)
            for tile, short in VARLEN_TILES.items() if short != "pp"},
-        "K5_weight_grad_dw2": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),
-        "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False), 2 * gemm),
-        "K5_co_n256": (lambda: weight_grad(d_out, a_scaled, off, g, True, tile_config="varlen_cooperative_128x256x64"),
-                       gemm),
-        "K7_co_m256": (lambda: weight_grad(d_h, x, off, g, False, tile_config="varlen_cooperative_256x128x64"),
-                       2 * gemm),
+        "K5_weight_grad_dw2": (lambda: weight_grad(d_out, a_scaled, off, g, True, tile_config=VARLEN_PP), gemm),
+        "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False, tile_config=VARLEN_PP), 2 * gemm),
+        "K5_co_n256": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),   # auto
+        "K7_co_m256": (lambda: weight_grad(d_h, x, off, g, False), 2 * gemm),       # auto
         "gather_gmm_dw2": (lambda: torch._grouped_mm(d_out[g.long()].t(), a_scaled, offs=off[1:]), gemm),
         "gather_gmm_dw1": (lambda: torch._grouped_mm(d_h.t(), x[g.long()], offs=off[1:]), 2 * gemm),
     }
@@ -311,7 +309,8 @@ def bench_forward_kernels(name, cfg):
 
 
 # The varlen kernel's configurations, by their short names in the forward_kernels table.
-VARLEN_TILES = {"varlen_pingpong_128x128x64": "pp", "varlen_cooperative_128x256x64": "co_n256",
+VARLEN_PP = "varlen_pingpong_128x128x64"
+VARLEN_TILES = {VARLEN_PP: "pp", "varlen_cooperative_128x256x64": "co_n256",
                 "varlen_cooperative_256x128x64": "co_m256"}
 
 
@@ -474,7 +473,7 @@ def main():
                               "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
                               "gather_gmm_dw2", "gather_gmm_dw1"),
                              "K4/K6 = ping-pong 128x128, _co_n256 / _co_m256 = cooperative 128x256 / 256x128; "
-                             "K5/K7 = weight_grad (ping-pong), gather_gmm = gathered copy + torch._grouped_mm"),
+                             "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), gather_gmm = gathered copy + torch._grouped_mm"),
     }
     for op, (bench_fn, parts, note) in kernel_tables.items():
         if op not in ops:

@@ -175,9 +175,9 @@ struct WeightGradParams {
   bool gather_a = true;
   int sm_count = 0;
   bool partial_rows = false;  // as in GroupedGemmParams
-  // kAuto or kVarlenPingpong128x128x64; or cooperative with the gathered side 128 wide:
+  // kVarlenPingpong128x128x64; or cooperative with the gathered side 128 wide:
   // kVarlenCooperative128x256x64 when gather_a, kVarlenCooperative256x128x64 otherwise, not with
-  // partial_rows.
+  // partial_rows; kAuto: sm90::choose_weight_grad_config.
   GemmTileConfig config = GemmTileConfig::kAuto;
   cudaStream_t stream = nullptr;
 };

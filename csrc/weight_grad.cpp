@@ -6,6 +6,7 @@
 #include "common/host_rules.h"
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
+#include "sm90/heuristics.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -58,8 +59,11 @@ Status run_weight_grad(const WeightGradParams& p) {
     return Status::error("weight_grad: a, b and out must be 16-byte aligned");
   // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA
   // cannot describe an empty tensor).
-  const bool cooperative = p.config == GemmTileConfig::kVarlenCooperative128x256x64 ||
-                           p.config == GemmTileConfig::kVarlenCooperative256x128x64;
+  const GemmTileConfig config = p.config == GemmTileConfig::kAuto
+                                    ? sm90::choose_weight_grad_config(p.gather_a, p.partial_rows, p.m_total)
+                                    : p.config;
+  const bool cooperative = config == GemmTileConfig::kVarlenCooperative128x256x64 ||
+                           config == GemmTileConfig::kVarlenCooperative256x128x64;
   if (cooperative && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
   return sm90::run_weight_grad(p);
 }

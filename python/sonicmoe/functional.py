@@ -5,9 +5,9 @@ x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No ga
 of x and no separate activation pass exist, and nothing syncs with the host, so the forward
 can be captured in a CUDA graph.
 
-Backward: K4, K6 and K8 from x, H, the scores and the metadata; in eager mode the weight
-gradients go through torch._grouped_mm over gathered copies until our K5/K7 (weight_grad)
-outrun it, and compiled graphs run K5/K7 (see _experts_backward).
+Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients on our
+K5/K7 (weight_grad) where they outrun torch._grouped_mm over gathered copies, which eager mode
+uses elsewhere; compiled graphs run K5/K7 (see _experts_backward).
 Token rounding runs the same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
@@ -66,19 +66,27 @@ def _grad_enabled_for(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def _dw2_on_k5(n: int, partial_rows: bool) -> bool:
+    """Eager dW2 on K5 (cooperative 128 x 256, the dO gather in its loads) rather than a gathered
+    copy + torch._grouped_mm: measured faster where n <= 1024 (session 7, call 4)."""
+    return not partial_rows and n <= 1024
+
+
 def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows):
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
     K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
     score gradient; K6 gives dX~ = dH @ w1 per row.
 
-    The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) are correct, but
-    with the prefetching producer they still measure 288-351 TFLOP/s against 400-565 for
-    torch._grouped_mm over gathered copies of dO and x at the larger configs on the H200
-    (docs/perf-notes.md), so eager runs that interim path (rows past offsets[E] are outside
-    every group, so partial_rows buffers are fine). Under torch.compile it cannot stay: Inductor
-    stores the gathered copy K-contiguous, where torch._grouped_mm needs every group's row count
-    to be a multiple of 8 (a device-side assert otherwise), so compiled graphs run K5/K7.
+    The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) on cooperative
+    tiles, or torch._grouped_mm over gathered copies of dO and x, whichever measured faster on
+    the H200 (docs/perf-notes.md, session 7): dW2 on K5 where n <= 1024 (1.03-1.79x the interim
+    path at the six such anchor configs; 0.90-0.97x at n 1536 and 2048), dW1 on the interim path
+    (K7 reaches 0.64-0.82x of it). Token rounding's buffers (partial_rows) keep the interim path
+    (rows past offsets[E] are outside every group there), as K5's cooperative tiles read every
+    row by TMA. Under torch.compile the interim path cannot stay: Inductor stores the gathered
+    copy K-contiguous, where torch._grouped_mm needs every group's row count to be a multiple of
+    8 (a device-side assert otherwise), so compiled graphs run K5/K7.
     Returns (dx_rows, dw1, dw2, d_row_score)."""
     need_x, need_w1, need_w2, need_scores = ctx.needs_input_grad[:4]
     d_out = grad_out.to(torch.bfloat16).contiguous()
@@ -102,7 +110,9 @@ def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_id
         return dx_rows, (torch.zeros_like(w1) if need_w1 else None), (torch.zeros_like(w2) if need_w2 else None), \
             d_row_score
     ends = offsets[1:]
-    if need_w2:  # interim (K5): gathered copy of dO
+    if need_w2 and _dw2_on_k5(w2.shape[2], partial_rows):
+        dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True)
+    elif need_w2:  # interim (K5): gathered copy of dO
         dw2 = torch._grouped_mm(d_out[gather_idx.long()].t(), a_scaled, offs=ends)
     if need_w1:  # interim (K7): gathered copy of x
         dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends)

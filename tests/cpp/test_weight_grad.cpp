@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sm90/heuristics.h"
 #include "sonicmoe.h"
 #include "test_util.h"
 
@@ -30,6 +31,15 @@ TEST(WeightGradHost, accepts_the_cooperative_tile_matching_the_gathered_side) {
   p.gather_a = true;
   p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64;
   EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
+}
+
+TEST(WeightGradHost, auto_takes_the_cooperative_tile_of_the_gathered_side_where_every_row_is_written) {
+  using sonicmoe::GemmTileConfig;
+  using sonicmoe::sm90::choose_weight_grad_config;
+  EXPECT_EQ(choose_weight_grad_config(true, false, 1000), GemmTileConfig::kVarlenCooperative128x256x64);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 1000), GemmTileConfig::kVarlenCooperative256x128x64);
+  EXPECT_EQ(choose_weight_grad_config(true, true, 1000), GemmTileConfig::kVarlenPingpong128x128x64);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 0), GemmTileConfig::kVarlenPingpong128x128x64);
 }
 
 TEST(WeightGradHost, accepts_anchor_shapes) {

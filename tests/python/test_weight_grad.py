@@ -26,11 +26,11 @@ def want_weight_grad(a, b, offsets, gather_idx, gather_a):
     return out
 
 
-# "cooperative": the tile whose gathered side is 128 wide (128 x 256 gathering A, 256 x 128
-# gathering B).
+# "auto": the cooperative tile whose gathered side is 128 wide (128 x 256 gathering A, 256 x 128
+# gathering B), ping-pong without rows; both spelled out too.
 @requires_hopper
 @pytest.mark.usefixtures("fp32_matmul_reference")
-@pytest.mark.parametrize("tile", ["auto", "cooperative"])
+@pytest.mark.parametrize("tile", ["auto", "pingpong", "cooperative"])
 @pytest.mark.parametrize("gather_a", [True, False])
 @pytest.mark.parametrize("T,K,m_out,n_out,E,layout", [
     (700, 8, 1536, 256, 128, "ragged"),   # dW2 / dW1 shapes of paper-7b at small T
@@ -49,8 +49,8 @@ def test_weight_grad_matches_fp32(tile, gather_a, T, K, m_out, n_out, E, layout)
     gather_idx = torch.randint(0, max(T, 1), (m_total,), device="cuda", generator=gen, dtype=torch.int32)
     a = torch.randn(T if gather_a else m_total, m_out, device="cuda", generator=gen).bfloat16()
     b = torch.randn(m_total if gather_a else T, n_out, device="cuda", generator=gen).bfloat16()
-    tile_config = "auto" if tile == "auto" else \
-        "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
+    tile_config = {"auto": "auto", "pingpong": "varlen_pingpong_128x128x64",
+                   "cooperative": "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"}[tile]
     out = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, tile_config=tile_config)
     want = want_weight_grad(a, b, offsets, gather_idx, gather_a)
     assert out.shape == (E, m_out, n_out) and out.dtype == torch.bfloat16
