@@ -293,7 +293,11 @@ struct DSwiGLUEpilogue {
             for (int v0 = 0; v0 < 2; ++v0) {
               const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
               const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
-              const float sig = 1.0f / (1.0f + __expf(-gate));
+              // __fdividef: one MUFU.RCP and a multiply. The IEEE 1.0f / x compiled to a
+              // reciprocal with a checked slow path (a BSSY region and a CALL per element), and
+              // ncu found this epilogue issue- and latency-bound (docs/perf-notes.md, session 7).
+              // For gate < -87 the sum overflows and sig is 0 (the true value is below 1e-37).
+              const float sig = __fdividef(1.0f, 1.0f + __expf(-gate));
               const float silu = gate * sig;
               const float a = silu * up;
               d_score = fmaf(d_a_prime, a, d_score);
