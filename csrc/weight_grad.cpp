@@ -10,6 +10,14 @@
 #include "sonicmoe.h"
 
 namespace sonicmoe {
+namespace {
+
+bool cooperative_weight_grad(GemmTileConfig config) {
+  return config == GemmTileConfig::kVarlenCooperative128x256x64 ||
+         config == GemmTileConfig::kVarlenCooperative256x128x64;
+}
+
+}  // namespace
 
 std::string check_weight_grad(const WeightGradParams& p) {
   auto rule = [](const char* name, int64_t value, const char* r) {
@@ -28,8 +36,7 @@ std::string check_weight_grad(const WeightGradParams& p) {
     return rule("m_out", p.m_out, "num_experts * m_out output rows must fit in int32");
   const int64_t tiles = int64_t(p.num_experts) * ((p.m_out + 127) / 128) * ((p.n_out + 127) / 128);
   if (tiles > INT32_MAX) return rule("n_out", p.n_out, "the output's 128 x 128 tiles must fit in int32");
-  const bool cooperative = p.config == GemmTileConfig::kVarlenCooperative128x256x64 ||
-                           p.config == GemmTileConfig::kVarlenCooperative256x128x64;
+  const bool cooperative = cooperative_weight_grad(p.config);
   if (!cooperative && p.config != GemmTileConfig::kAuto && p.config != GemmTileConfig::kVarlenPingpong128x128x64)
     return rule("config", static_cast<int>(p.config),
                 "must be 0 (auto), 7 (varlen_pingpong_128x128x64), 8 (varlen_cooperative_128x256x64, "
@@ -62,9 +69,7 @@ Status run_weight_grad(const WeightGradParams& p) {
   const GemmTileConfig config = p.config == GemmTileConfig::kAuto
                                     ? sm90::choose_weight_grad_config(p.gather_a, p.partial_rows, p.m_total)
                                     : p.config;
-  const bool cooperative = config == GemmTileConfig::kVarlenCooperative128x256x64 ||
-                           config == GemmTileConfig::kVarlenCooperative256x128x64;
-  if (cooperative && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
+  if (cooperative_weight_grad(config) && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
   return sm90::run_weight_grad(p);
 }
 

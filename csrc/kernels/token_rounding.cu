@@ -5,9 +5,9 @@
 // rule, and flip the |target - count| (< tile) tokens that rounding changes: the best-scoring
 // unchosen ones when rounding up, the worst-scoring chosen ones when rounding down. They are
 // found by a radix select on the probability bits (3 passes of 12, 11 and 8 bits over the
-// expert's row),
-// then an ordered pass that takes the tied tokens at the threshold by token index (lower first
-// when adding, higher first when dropping), exactly the order of sonicmoe.routing's sort.
+// expert's row), then an ordered pass that takes the tied tokens at the threshold by token index
+// (lower first when adding, higher first when dropping), exactly the order of
+// sonicmoe.routing's sort.
 //
 // Layout: (1) per-expert and per-token counts, (2) one-block scans into expert_offsets and
 // token_offsets, (3) per expert, its tokens in order give its sorted rows (gather_idx,
