@@ -44,8 +44,9 @@ inline GemmTileConfig choose_up_proj_config(int64_t n) {
 
 // K5 / K7 (weight_grad): the cooperative tile whose gathered side is 128 wide (128 x 256 when A
 // is gathered, 256 x 128 when B is) wherever every row was written; on the H200 (session 7,
-// call 4) it ran 1.7-2.9x the ping-pong tile's rate at all 8 anchor configs. Token rounding's
-// buffers (partial_rows) and empty problems take ping-pong's cp.async path.
+// call 4) it ran 1.6-3.0x the ping-pong tile's rate at all 8 anchor configs (K5 2.0-3.0x, K7
+// 1.6-1.9x). Token rounding's buffers (partial_rows) and empty problems take ping-pong's
+// cp.async path.
 inline GemmTileConfig choose_weight_grad_config(bool gather_a, bool partial_rows, int64_t m_total) {
   if (partial_rows || m_total == 0) return GemmTileConfig::kVarlenPingpong128x128x64;
   return gather_a ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenCooperative256x128x64;
