@@ -21,6 +21,12 @@
 
 namespace sonicmoe::sm90 {
 
+// sigmoid by __fdividef: one MUFU.RCP and a multiply. The IEEE division compiled to a reciprocal
+// with a checked slow path (a BSSY region and a CALL per element), and ncu found the SwiGLU
+// epilogues issue- and latency-bound (docs/perf-notes.md, session 7). For x < -87 the sum
+// overflows and the result is 0 (the true value is below 1e-37).
+__device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+
 // A warpgroup's accumulators leave in halves of 64 rows (its 64-row WGMMA blocks, mode 1 of
 // the accumulator) and windows of at most 128 columns, so the staging buffer is one 64 x 128
 // window: shared memory goes to mainloop stages. A ping-pong warpgroup owns the whole tile
@@ -201,7 +207,7 @@ struct SwiGLUEpilogue {
           for (int v0 = 0; v0 < 2; ++v0) {
             const float gate = accum(make_coord(make_coord(v0, v1, j), h, 0));
             const float up = accum(make_coord(make_coord(v0, v1, j + kGroups), h, 0));
-            act[v0] = gate / (1.0f + __expf(-gate)) * up;
+            act[v0] = gate * fast_sigmoid(gate) * up;
           }
           const auto rc = coords(make_coord(make_coord(0, v1, j), h, 0));
           const int r = get<0>(rc) - half_row;
@@ -293,11 +299,7 @@ struct DSwiGLUEpilogue {
             for (int v0 = 0; v0 < 2; ++v0) {
               const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
               const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
-              // __fdividef: one MUFU.RCP and a multiply. The IEEE 1.0f / x compiled to a
-              // reciprocal with a checked slow path (a BSSY region and a CALL per element), and
-              // ncu found this epilogue issue- and latency-bound (docs/perf-notes.md, session 7).
-              // For gate < -87 the sum overflows and sig is 0 (the true value is below 1e-37).
-              const float sig = __fdividef(1.0f, 1.0f + __expf(-gate));
+              const float sig = fast_sigmoid(gate);
               const float silu = gate * sig;
               const float a = silu * up;
               d_score = fmaf(d_a_prime, a, d_score);
