@@ -5,6 +5,7 @@
 #   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
 #   BENCH_OPS=moe_forward ... QUALITY=1 ... PYTEST_ARGS=... # narrower benchmark, quality check, pytest args
 #   STEP_TIMEOUT=300 ...                 # seconds per step before it is killed (a hang reads as rc=124)
+# compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-h200-out}
@@ -31,6 +32,10 @@ else
   result[gtest]="not run: no gtest binary at $GTEST_BIN"
 fi
 step pytest pytest.log python3 -m pytest tests/python -q -rs -p no:cacheprovider ${PYTEST_ARGS:-}
+for tool in memcheck racecheck; do  # one small forward + backward, top-K and token rounding
+  step $tool $tool.log env PYTHONPATH=python compute-sanitizer --tool $tool --error-exitcode 9 \
+    python3 scripts/sanitize_small.py
+done
 
 sass_check() {
   local so; so=$(ls python/sonicmoe/_C*.so)
@@ -51,8 +56,9 @@ step demo demo.log python3 benchmarks/demo.py
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '%-8s %s\n' step result
-for s in build gtest pytest sass bench demo quality; do printf '%-8s %s\n' "$s" "${result[$s]:-not run}"; done
+for s in build gtest pytest memcheck racecheck sass bench demo quality; do printf '%-8s %s\n' "$s" "${result[$s]:-not run}"; done
 grep -E "passed|failed" "$OUT/pytest.log" | tail -1
 grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
+grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
 cat "$OUT/sass_summary.txt" 2>/dev/null | head -8
 sed -n '/^config/,$p' "$OUT/bench.log"
