@@ -253,9 +253,10 @@ def expert_inputs(cfg):
     return x, w1, w2, meta.expert_offsets, meta.gather_idx
 
 
-def bench_backward_kernels(name, cfg):
+def bench_backward_kernels(name, cfg, parts=None):
     """The backward's GEMMs one by one at a config (balanced random routing), with the interim
-    weight-gradient path (gathered copy + torch._grouped_mm) beside K5/K7 in the same run."""
+    weight-gradient path (gathered copy + torch._grouped_mm) beside K5/K7 in the same run; parts:
+    the names to time (default all)."""
     from sonicmoe._ops import down_proj_grad, grouped_gemm_kn, weight_grad
 
     T, d, n, K = cfg["T"], cfg["d"], cfg["n"], cfg["K"]
@@ -279,11 +280,14 @@ def bench_backward_kernels(name, cfg):
         "gather_gmm_dw2": (lambda: torch._grouped_mm(d_out[g.long()].t(), a_scaled, offs=off[1:]), gemm),
         "gather_gmm_dw1": (lambda: torch._grouped_mm(d_h.t(), x[g.long()], offs=off[1:]), 2 * gemm),
     }
-    return time_kernels(name, fns)
+    return time_kernels(name, fns, parts)
 
 
-def time_kernels(name, fns):
-    """One row of per-kernel times: fns maps a name to (callable, FLOPs per call)."""
+def time_kernels(name, fns, parts=None):
+    """One row of per-kernel times: fns maps a name to (callable, FLOPs per call); only the names
+    in parts when given."""
+    if parts:
+        fns = {k: v for k, v in fns.items() if k in parts}
     ms = time_interleaved({k: fn for k, (fn, _) in fns.items()}, rounds=3, iters=10)
     row = {"config": name}
     for k, (_, flops) in fns.items():
@@ -292,7 +296,7 @@ def time_kernels(name, fns):
     return row
 
 
-def bench_forward_kernels(name, cfg):
+def bench_forward_kernels(name, cfg, parts=None):
     """K1 and K2 one by one at a config (balanced random routing) on each varlen configuration,
     and K2 on CUTLASS's ptr-array kernel (auto), in the same run."""
     T, d, n, K = cfg["T"], cfg["d"], cfg["n"], cfg["K"]
@@ -305,7 +309,7 @@ def bench_forward_kernels(name, cfg):
     for tile, short in VARLEN_TILES.items():
         fns[f"K1_{short}"] = (k1(tile), 2 * gemm)
         fns[f"K2_{short}"] = (k2(tile), gemm)
-    return time_kernels(name, fns)
+    return time_kernels(name, fns, parts)
 
 
 # The varlen kernel's configurations, by their short names in the forward_kernels table.
@@ -402,13 +406,34 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+# The per-kernel tables: op -> (bench function, its columns, the table's note).
+KERNEL_TABLES = {
+    "forward_kernels": (bench_forward_kernels,
+                        tuple(f"K{i}_{short}" for i in (1, 2) for short in VARLEN_TILES.values()) + ("K2_auto",),
+                        "pp = ping-pong 128x128, co_n256 / co_m256 = cooperative 128x256 / 256x128; "
+                        "K2_auto = CUTLASS ptr-array"),
+    "backward_kernels": (bench_backward_kernels,
+                         ("K4_down_proj_grad", "K4_co_m256", "K6_grouped_gemm_kn", "K6_co_n256", "K6_co_m256",
+                          "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
+                          "gather_gmm_dw2", "gather_gmm_dw1"),
+                         "K4/K6 = ping-pong 128x128, _co_n256 / _co_m256 = cooperative 128x256 / 256x128; "
+                         "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), gather_gmm = gathered copy + torch._grouped_mm"),
+}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="bench-out", help="folder for JSON and PNG")
     parser.add_argument("--configs", default="", help="comma-separated config names (default all)")
     parser.add_argument("--all-tiles", action="store_true", help="also time every tile config")
     parser.add_argument("--ops", default="grouped_gemm,combine", help="comma-separated ops to time")
+    parser.add_argument("--parts", default="", help="forward_kernels / backward_kernels: comma-separated "
+                        "columns to time (e.g. K4_down_proj_grad,K6_grouped_gemm_kn; default all)")
     args = parser.parse_args()
+    parts = {p for p in args.parts.split(",") if p}
+    known = {p for _, columns, _ in KERNEL_TABLES.values() for p in columns}
+    if parts - known:
+        parser.error(f"--parts: unknown {sorted(parts - known)}; the tables' columns are {sorted(known)}")
 
     if not (torch.cuda.is_available() and sonicmoe.extension_available()):
         sys.exit("bench.py needs a Hopper GPU and the built extension (python setup.py build_ext --inplace)")
@@ -463,25 +488,16 @@ def main():
                   f"{r['token_rounding_fwd_bwd_ms']:>8.3f}")
         print("(ms; forward under no_grad; exp = the forward's expert part from given routing decisions: "
               "sorted layout, K1, K2, K3; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
-    kernel_tables = {
-        "forward_kernels": (bench_forward_kernels,
-                            tuple(f"K{i}_{short}" for i in (1, 2) for short in VARLEN_TILES.values()) + ("K2_auto",),
-                            "pp = ping-pong 128x128, co_n256 / co_m256 = cooperative 128x256 / 256x128; "
-                            "K2_auto = CUTLASS ptr-array"),
-        "backward_kernels": (bench_backward_kernels,
-                             ("K4_down_proj_grad", "K4_co_m256", "K6_grouped_gemm_kn", "K6_co_n256", "K6_co_m256",
-                              "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
-                              "gather_gmm_dw2", "gather_gmm_dw1"),
-                             "K4/K6 = ping-pong 128x128, _co_n256 / _co_m256 = cooperative 128x256 / 256x128; "
-                             "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), gather_gmm = gathered copy + torch._grouped_mm"),
-    }
-    for op, (bench_fn, parts, note) in kernel_tables.items():
+    for op, (bench_fn, columns, note) in KERNEL_TABLES.items():
         if op not in ops:
             continue
-        kernel_rows = per_config(names, lambda name: bench_fn(name, configs[name]), out / f"{op}.json")
-        print(f"{'config':<18}" + "".join(f"{p:>20}" for p in parts))
+        columns = [p for p in columns if not parts or p in parts]
+        if not columns:
+            continue
+        kernel_rows = per_config(names, lambda name: bench_fn(name, configs[name], parts), out / f"{op}.json")
+        print(f"{'config':<18}" + "".join(f"{p:>20}" for p in columns))
         for r in kernel_rows:
-            print(f"{r['config']:<18}" + "".join(f"{r[p + '_us']:>10.0f} {r[p + '_tflops']:>6.1f} TF" for p in parts))
+            print(f"{r['config']:<18}" + "".join(f"{r[p + '_us']:>10.0f} {r[p + '_tflops']:>6.1f} TF" for p in columns))
         print(f"(us and TFLOP/s per call; {note})\n")
     if "moe_backward" in ops:
         bwd_rows = per_config(names, lambda name: bench_moe_backward(name, configs[name], anchors["rows"]),
