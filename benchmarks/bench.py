@@ -298,14 +298,16 @@ def time_kernels(name, fns, parts=None):
 
 def bench_forward_kernels(name, cfg, parts=None):
     """K1 and K2 one by one at a config (balanced random routing) on each varlen configuration,
-    and K2 on CUTLASS's ptr-array kernel (auto), in the same run."""
+    K2 on CUTLASS's ptr-array kernel (auto), and K1 (auto) without storing H (the inference
+    forward's K1: the difference to K1_co_n256 is what keeping H costs), in the same run."""
     T, d, n, K = cfg["T"], cfg["d"], cfg["n"], cfg["K"]
     x, w1, w2, off, g = expert_inputs(cfg)
     _, a = sonicmoe.up_proj(x, w1, off, g)
     gemm = 2.0 * T * K * d * n  # one d x n GEMM over the T*K rows
     k2 = lambda tile: lambda: sonicmoe.grouped_gemm(a, w2, off, tile_config=tile)  # noqa: E731
     k1 = lambda tile: lambda: sonicmoe.up_proj(x, w1, off, g, tile_config=tile)  # noqa: E731
-    fns = {"K2_auto": (k2("auto"), gemm)}
+    fns = {"K2_auto": (k2("auto"), gemm),
+           "K1_no_h": (lambda: sonicmoe.up_proj(x, w1, off, g, keep_h=False), 2 * gemm)}
     for tile, short in VARLEN_TILES.items():
         fns[f"K1_{short}"] = (k1(tile), 2 * gemm)
         fns[f"K2_{short}"] = (k2(tile), gemm)
@@ -409,9 +411,10 @@ def plot(rows, path):
 # The per-kernel tables: op -> (bench function, its columns, the table's note).
 KERNEL_TABLES = {
     "forward_kernels": (bench_forward_kernels,
-                        tuple(f"K{i}_{short}" for i in (1, 2) for short in VARLEN_TILES.values()) + ("K2_auto",),
+                        tuple(f"K{i}_{short}" for i in (1, 2) for short in VARLEN_TILES.values())
+                        + ("K2_auto", "K1_no_h"),
                         "pp = ping-pong 128x128, co_n256 / co_m256 = cooperative 128x256 / 256x128; "
-                        "K2_auto = CUTLASS ptr-array"),
+                        "K2_auto = CUTLASS ptr-array; K1_no_h = K1 (auto) storing only A"),
     "backward_kernels": (bench_backward_kernels,
                          ("K4_down_proj_grad", "K4_co_m256", "K6_grouped_gemm_kn", "K6_co_n256", "K6_co_m256",
                           "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
