@@ -22,8 +22,8 @@
 namespace sonicmoe::sm90 {
 
 // sigmoid by __fdividef: one MUFU.RCP and a multiply. The IEEE division compiled to a reciprocal
-// with a checked slow path (a BSSY region and a CALL per element), and ncu found the SwiGLU
-// epilogues issue- and latency-bound (docs/perf-notes.md, session 7). For x < -87 the sum
+// with a checked slow path (a BSSY region and a CALL per element), and ncu found K4's dSwiGLU
+// epilogue issue- and latency-bound (docs/perf-notes.md, session 7). For x < -87 the sum
 // overflows and the result is 0 (the true value is below 1e-37).
 __device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
