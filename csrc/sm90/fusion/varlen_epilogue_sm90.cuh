@@ -27,6 +27,36 @@ namespace sonicmoe::sm90 {
 // overflows and the result is 0 (the true value is below 1e-37).
 __device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
+// Two floats as a bf16 pair in one register (the lower column in the low half).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// One 16-byte global store (the address is 16-byte aligned). nvcc split a plain uint4 store
+// through an offset by a runtime element count into four 4-byte ones.
+__device__ __forceinline__ void store_16B(void* dst, const uint32_t (&v)[4]) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+
+// Transposes a 4 x 4 matrix of registers across the 4 lanes of a quad: lane l's x[i] becomes
+// lane i's x[l] (two butterfly rounds, one shuffle per pair of registers and round).
+__device__ __forceinline__ void quad_transpose(uint32_t (&x)[4]) {
+  const int lane = threadIdx.x % 4;
+  CUTLASS_PRAGMA_UNROLL
+  for (int mask = 1; mask <= 2; mask *= 2) {
+    const bool upper = lane & mask;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      if (i & mask) continue;
+      // Pair (i, i + mask): keep the entry on this lane's side, trade the other one.
+      const uint32_t received = __shfl_xor_sync(0xffffffffu, upper ? x[i] : x[i + mask], mask);
+      if (upper) x[i] = received; else x[i + mask] = received;
+    }
+  }
+}
+
 // A warpgroup's accumulators leave in halves of 64 rows (its 64-row WGMMA blocks, mode 1 of
 // the accumulator) and windows of at most 128 columns, so the staging buffer is one 64 x 128
 // window: shared memory goes to mainloop stages. A ping-pong warpgroup owns the whole tile
@@ -228,9 +258,10 @@ struct SwiGLUEpilogue {
 // over 128 of the n columns; with H (kept by K1) and the row's score s:
 //   A = silu(gate) * up, dA = s * dA',
 //   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
-// v1 stores straight from registers (bf16 pairs) and reads H the same way; the dS partial of each
-// row and 128-column block goes to its own slot, summed over blocks in a fixed order later
-// (deterministic, no atomics).
+// H is read straight into registers (bf16 pairs). dH and A' leave from registers too, but as
+// 16-byte chunks after a transpose across each quad (staging them through shared memory measured
+// slower: docs/perf-notes.md, session 9). The dS partial of each row and 128-column block goes
+// to its own slot, summed over blocks in a fixed order later (deterministic, no atomics).
 template <int kTileM, int kTileN>
 struct DSwiGLUEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
@@ -288,30 +319,48 @@ struct DSwiGLUEpilogue {
             u2[b] = ok ? *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + p.n + col)
                        : __nv_bfloat162{};
           }
+          // Results of 4 column groups at a time, transposed across the quad so each lane
+          // stores one group's 8 columns as a 16-byte chunk (a warp store: 8 rows x 64 bytes,
+          // where bf16-pair stores wrote 8 rows x 16 bytes per instruction).
           CUTLASS_PRAGMA_UNROLL
-          for (int b = 0; b < kBatch; ++b) {
-            const int j = j0 + b;
-            const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j), m, 0)));
-            if (!row_ok || col >= p.n) continue;
-            const float2 g = __bfloat1622float2(g2[b]), u = __bfloat1622float2(u2[b]);
-            float dg[2], du[2], as[2];
+          for (int q0 = 0; q0 < kBatch; q0 += 4) {
+            uint32_t dg4[4], du4[4], as4[4];
             CUTLASS_PRAGMA_UNROLL
-            for (int v0 = 0; v0 < 2; ++v0) {
-              const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
-              const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
-              const float sig = fast_sigmoid(gate);
-              const float silu = gate * sig;
-              const float a = silu * up;
-              d_score = fmaf(d_a_prime, a, d_score);
-              const float d_a = score * d_a_prime;
-              dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
-              du[v0] = d_a * silu;
-              as[v0] = score * a;
+            for (int b = 0; b < 4; ++b) {
+              // Columns past n and rows past the tile load H as 0: every result is 0 there,
+              // and the stores below skip them.
+              const int j = j0 + q0 + b;
+              const float2 g = __bfloat1622float2(g2[q0 + b]), u = __bfloat1622float2(u2[q0 + b]);
+              float dg[2], du[2], as[2];
+              CUTLASS_PRAGMA_UNROLL
+              for (int v0 = 0; v0 < 2; ++v0) {
+                const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
+                const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
+                const float sig = fast_sigmoid(gate);
+                const float silu = gate * sig;
+                const float a = silu * up;
+                d_score = fmaf(d_a_prime, a, d_score);
+                const float d_a = score * d_a_prime;
+                dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
+                du[v0] = d_a * silu;
+                as[v0] = score * a;
+              }
+              dg4[b] = pack_bf16x2(dg[0], dg[1]);
+              du4[b] = pack_bf16x2(du[0], du[1]);
+              as4[b] = pack_bf16x2(as[0], as[1]);
             }
-            Element* d_h_row = p.d_h + row * h_pitch;
-            *reinterpret_cast<__nv_bfloat162*>(d_h_row + col) = __floats2bfloat162_rn(dg[0], dg[1]);
-            *reinterpret_cast<__nv_bfloat162*>(d_h_row + p.n + col) = __floats2bfloat162_rn(du[0], du[1]);
-            *reinterpret_cast<__nv_bfloat162*>(p.a_scaled + row * p.n + col) = __floats2bfloat162_rn(as[0], as[1]);
+            quad_transpose(dg4);
+            quad_transpose(du4);
+            quad_transpose(as4);
+            // This lane now holds group j0 + q0 + lane % 4: columns 8 (j0 + q0 + lane % 4) + [0, 8).
+            const int quad_lane = threadIdx.x % 4;
+            const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j0 + q0), m, 0))) + 6 * quad_lane;
+            if (row_ok && col < p.n) {
+              Element* d_h_row = p.d_h + row * h_pitch;
+              store_16B(d_h_row + col, dg4);
+              store_16B(d_h_row + p.n + col, du4);
+              store_16B(p.a_scaled + row * p.n + col, as4);
+            }
           }
         }
         // The 4 lanes of a quad hold the same row's columns: sum them in a fixed order.
