@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A/B/C... of several changes in one run (on the H200): builds the tree as it is (base) and the
+# tree with each change once, keeping each build's extension, then runs COMMAND for every
+# variant in turn, ROUNDS times (default 2), swapping the extension in between. Each variant is
+# built once however many rounds run (scripts/ab_patch.sh rebuilds both sides every round), so
+# more rounds fit in a device call, and alternating them shows the spread within the run.
+# Leaves the tree and the extension as it found them.
+#
+# A change is a patch (applied with git apply, or patch -p1) or a folder holding changed files
+# at their paths in the tree (scripts/ab_patch.sh --files writes one from a patch):
+#   bash scripts/ab_variants.sh "python3 benchmarks/bench.py --ops backward_kernels --parts K4_down_proj_grad" \
+#     experiments/k4_h_loads_16B.diff experiments/k4_seven_stages.diff
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[ $# -ge 2 ] || { echo "usage: $0 COMMAND CHANGE..." >&2; exit 2; }
+command=$1
+shift
+stage=$(mktemp -d)
+extension() { ls python/sonicmoe/_C*.so 2>/dev/null | head -1; }
+original=$(extension)
+[ -n "$original" ] && cp "$original" "$stage/original.so"
+
+apply_change() {  # apply_change CHANGE apply|revert
+  local change=$1 direction=$2
+  if [ -d "$change" ]; then
+    if [ "$direction" = apply ]; then
+      rm -rf "$stage/saved" && mkdir -p "$stage/saved"
+      (cd "$change" && find . -type f) | while read -r f; do
+        mkdir -p "$stage/saved/$(dirname "$f")" && cp "$f" "$stage/saved/$f"
+      done
+      cp -r "$change"/. .
+    else
+      cp -r "$stage/saved"/. .
+    fi
+  elif command -v git >/dev/null; then
+    if [ "$direction" = apply ]; then git apply "$change"; else git apply -R "$change"; fi
+  elif command -v patch >/dev/null; then
+    if [ "$direction" = apply ]; then patch -p1 -s <"$change"; else patch -p1 -R -s <"$change"; fi
+  else
+    echo "$0: neither git nor patch here: pass a folder written by ab_patch.sh --files" >&2; exit 2
+  fi
+}
+
+build() {  # build NAME: builds the tree and keeps its extension as NAME.so
+  if MAX_JOBS=${MAX_JOBS:-$(nproc)} python3 setup.py build_ext --inplace >"ab-build-$1.log" 2>&1; then
+    echo "== built $1 ($(grep -c 'Building CUDA' "ab-build-$1.log" || true) kernel units)"
+    cp "$(extension)" "$stage/$1.so"
+  else
+    tail -n 30 "ab-build-$1.log"; return 1
+  fi
+}
+
+applied=""
+restore() {
+  if [ -n "$applied" ]; then apply_change "$applied" revert; fi
+  if [ -f "$stage/original.so" ]; then cp "$stage/original.so" "$(extension)"; fi
+  rm -rf "$stage"
+}
+trap restore EXIT
+
+names=(base)
+build base
+i=0
+for change in "$@"; do
+  i=$((i + 1))
+  change=$(realpath "$change")
+  name="v$i-$(basename "${change%.diff}")"
+  apply_change "$change" apply
+  applied=$change
+  build "$name"
+  apply_change "$change" revert
+  applied=""
+  names+=("$name")
+done
+
+target=$(extension)
+for round in $(seq "${ROUNDS:-2}"); do
+  for name in "${names[@]}"; do
+    cp "$stage/$name.so" "$target"
+    echo "== round $round: $name"
+    bash -c "$command"
+  done
+done
