@@ -352,9 +352,11 @@ struct DSwiGLUEpilogue {
             quad_transpose(dg4);
             quad_transpose(du4);
             quad_transpose(as4);
-            // This lane now holds group j0 + q0 + lane % 4: columns 8 (j0 + q0 + lane % 4) + [0, 8).
+            // This lane now holds group j0 + q0 + lane % 4: 8 columns from the quad's first one
+            // (this lane's column of value (0, v1, j0 + q0) less its 2 (lane % 4)) plus 8 (lane % 4).
             const int quad_lane = threadIdx.x % 4;
-            const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j0 + q0), m, 0))) + 6 * quad_lane;
+            const int quad_col = get<1>(coords(make_coord(make_coord(0, v1, j0 + q0), m, 0))) - 2 * quad_lane;
+            const int col = col0 + quad_col + 8 * quad_lane;
             if (row_ok && col < p.n) {
               Element* d_h_row = p.d_h + row * h_pitch;
               store_16B(d_h_row + col, dg4);
