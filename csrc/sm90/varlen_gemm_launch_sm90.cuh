@@ -151,7 +151,10 @@ using VarlenMainloopFor =
 template <bool kKMajorB, GemmTileConfig kConfig = GemmTileConfig::kVarlenPingpong128x128x64>
 Status run_varlen_store_gemm(const GroupedGemmParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/false, kKMajorB>;
-  using Kernel = VarlenGemmKernel<Mainloop, StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
+  // Quad-transposed stores ran 1-12% faster than staged ones in K2 and K6 on every tile
+  // (docs/perf-notes.md, session 10).
+  using Epilogue = StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kQuadTranspose>;
+  using Kernel = VarlenGemmKernel<Mainloop, Epilogue>;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_rows_tensor_map<Mainloop>(&params.mainloop.tma_a, p.a, p.m_total, p.k));
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.b, p.n_out, p.k, p.num_experts));
@@ -176,7 +179,10 @@ void set_gathered_a(MainloopParams& m, const void* src, const int32_t* gather_id
 template <GemmTileConfig kConfig>
 Status run_up_proj_varlen(const UpProjParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/true>;
-  using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
+  // Quad-transposed stores: K1 cooperative 2-11% faster than staged; the ping-pong K1, whose
+  // epilogue overlaps the other warpgroup's mainloop, 0-3% slower (docs/perf-notes.md, session 10).
+  constexpr TileStore kStore = gemm_tile_shape(kConfig).pingpong ? TileStore::kStaged : TileStore::kQuadTranspose;
+  using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN, kStore>>;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
   set_gathered_a(params.mainloop, p.x, p.gather_idx, p.num_tokens, p.d);

@@ -2,10 +2,11 @@
 // tile's N columns (the B box origins the mainloop loads), since that pairing is what makes
 // the SwiGLU fusion possible.
 //
-// Stores go through a per-warpgroup shared-memory tile (rows padded by 8 elements so the
-// accumulator writes hit 32 distinct banks) and leave as 16-byte row chunks, predicated on
-// the tile's valid rows: a tile may end inside its expert's last m block, and the rows after
-// it belong to the next expert, so no store may touch them (TMA stores cannot clip there).
+// Stores leave as 16-byte row chunks, predicated on the tile's valid rows: a tile may end
+// inside its expert's last m block, and the rows after it belong to the next expert, so no
+// store may touch them (TMA stores cannot clip there). The chunks are formed either in a
+// per-warpgroup shared-memory tile (rows padded by 8 elements so the accumulator writes hit 32
+// distinct banks) or in registers by a transpose across each quad (TileStore).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,6 +41,18 @@ __device__ __forceinline__ void store_16B(void* dst, const uint32_t (&v)[4]) {
                : "memory");
 }
 
+// One 16-byte global load of data the kernel does not write (the address is 16-byte aligned),
+// or zeros when !valid. Not volatile: the compiler may schedule it like a plain load.
+__device__ __forceinline__ void load_16B(uint32_t (&v)[4], const void* src, bool valid) {
+  if (valid) {
+    asm("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "l"(src));
+  } else {
+    v[0] = v[1] = v[2] = v[3] = 0u;
+  }
+}
+
 // Transposes a 4 x 4 matrix of registers across the 4 lanes of a quad: lane l's x[i] becomes
 // lane i's x[l] (two butterfly rounds, one shuffle per pair of registers and round).
 __device__ __forceinline__ void quad_transpose(uint32_t (&x)[4]) {
@@ -56,6 +69,23 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&x)[4]) {
     }
   }
 }
+
+// After quad_transpose of 4 column groups starting at group q0, lane l of a quad holds group
+// q0 + l of its row: its first tile column is the quad's first one (this lane's column of value
+// (0, v1, q0), less 2 l) plus 8 l.
+template <class Coords>
+__device__ __forceinline__ int quad_chunk_col(const Coords& coords, int v1, int q0, int half) {
+  const int quad_lane = threadIdx.x % 4;
+  return cute::get<1>(coords(cute::make_coord(cute::make_coord(0, v1, q0), half, 0))) - 2 * quad_lane +
+         8 * quad_lane;
+}
+
+// How a bf16 result tile leaves registers. kStaged: through the warpgroup's shared-memory tile,
+// two named barriers per window, then 16-byte row chunks. kQuadTranspose: the bf16 pairs of 4
+// consecutive column groups are transposed across the quad and each lane stores one group's 8
+// columns as one 16-byte chunk; no shared memory and no barrier. Which one is faster depends on
+// the kernel (docs/perf-notes.md, session 10): the launchers choose.
+enum class TileStore { kStaged, kQuadTranspose };
 
 // A warpgroup's accumulators leave in halves of 64 rows (its 64-row WGMMA blocks, mode 1 of
 // the accumulator) and windows of at most 128 columns, so the staging buffer is one 64 x 128
@@ -120,8 +150,8 @@ struct EpilogueTile {
   }
 };
 
-// K2: out = A @ B^T, bf16, (m_total, n_out) row-major.
-template <int kTileM, int kTileN>
+// K2 / K6 / K5 / K7: out = the accumulators as bf16, (m_total, n_out) row-major.
+template <int kTileM, int kTileN, TileStore kStore>
 struct StoreEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
@@ -144,6 +174,45 @@ struct StoreEpilogue {
   static __device__ void store(const Params& p, Element* smem, const Accumulator& accum,
                                const Coords& coords, const VarlenTile& t, int thread_idx,
                                int barrier_id) {
+    if constexpr (kStore == TileStore::kQuadTranspose)
+      store_quad_transposed(p, accum, coords, t);
+    else
+      store_staged(p, smem, accum, coords, t, thread_idx, barrier_id);
+  }
+
+ private:
+  template <class Accumulator, class Coords>
+  static __device__ void store_quad_transposed(const Params& p, const Accumulator& accum, const Coords& coords,
+                                               const VarlenTile& t) {
+    using namespace cute;
+    const int col0 = t.n_block * kTileN;
+    constexpr int kGroups = decltype(size<0, 2>(accum))::value;  // 8-column groups
+    static_assert(kGroups == kTileN / 8 && kGroups % 4 == 0, "accumulator layout");
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < Tile::halves(accum); ++h) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int r = get<0>(coords(make_coord(make_coord(0, v1, 0), h, 0)));
+        Element* out_row = p.out + (t.row_start + r) * int64_t(p.n_out);
+        CUTLASS_PRAGMA_UNROLL
+        for (int q0 = 0; q0 < kGroups; q0 += 4) {
+          uint32_t out4[4];
+          CUTLASS_PRAGMA_UNROLL
+          for (int b = 0; b < 4; ++b)
+            out4[b] = pack_bf16x2(accum(make_coord(make_coord(0, v1, q0 + b), h, 0)),
+                                  accum(make_coord(make_coord(1, v1, q0 + b), h, 0)));
+          quad_transpose(out4);
+          const int col = col0 + quad_chunk_col(coords, v1, q0, h);
+          if (r < t.rows && col < p.n_out) store_16B(out_row + col, out4);
+        }
+      }
+    }
+  }
+
+  template <class Accumulator, class Coords>
+  static __device__ void store_staged(const Params& p, Element* smem, const Accumulator& accum,
+                                      const Coords& coords, const VarlenTile& t, int thread_idx,
+                                      int barrier_id) {
     const int col0 = t.n_block * kTileN;
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < Tile::halves(accum); ++h) {
@@ -170,7 +239,7 @@ struct StoreEpilogue {
 // meet in one thread.
 // Stores H = [gate | up] (m_total, 2n) when kept for backward, and A = silu(gate) * up
 // (m_total, n), computed from the fp32 accumulators.
-template <int kTileM, int kTileN>
+template <int kTileM, int kTileN, TileStore kStore>
 struct SwiGLUEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
@@ -197,14 +266,69 @@ struct SwiGLUEpilogue {
     return rows;
   }
 
+  // accum is ((2, 2, kTileN / 8), halves, 1): value (v0, v1, j) is column 8 j + 2 (lane % 4) + v0,
+  // so the up column matching gate column c (j < kTileN / 16) is value j + kTileN / 16.
   template <class Accumulator, class Coords>
   static __device__ void store(const Params& p, Element* smem, const Accumulator& accum,
                                const Coords& coords, const VarlenTile& t, int thread_idx,
                                int barrier_id) {
+    static_assert(decltype(cute::size<0, 2>(accum))::value == kTileN / 8, "accumulator layout");
+    if constexpr (kStore == TileStore::kQuadTranspose)
+      store_quad_transposed(p, accum, coords, t);
+    else
+      store_staged(p, smem, accum, coords, t, thread_idx, barrier_id);
+  }
+
+ private:
+  template <class Accumulator, class Coords>
+  static __device__ void store_quad_transposed(const Params& p, const Accumulator& accum, const Coords& coords,
+                                               const VarlenTile& t) {
     using namespace cute;
-    // accum is ((2, 2, kTileN / 8), halves, 1): value (v0, v1, j) is column 8 j + 2 (lane % 4) + v0,
-    // so the up column matching gate column c (j < kTileN / 16) is value j + kTileN / 16.
-    static_assert(decltype(size<0, 2>(accum))::value == kTileN / 8, "accumulator layout");
+    constexpr int kGroups = kTileN / 16;  // gate column groups (8 columns each)
+    static_assert(kGroups % 4 == 0, "whole quads of column groups");
+    const int col0 = t.n_block * kHalf;
+    const int64_t h_pitch = 2 * int64_t(p.n);
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < Tile::halves(accum); ++h) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int r = get<0>(coords(make_coord(make_coord(0, v1, 0), h, 0)));
+        const int64_t row = t.row_start + r;
+        CUTLASS_PRAGMA_UNROLL
+        for (int q0 = 0; q0 < kGroups; q0 += 4) {
+          uint32_t gate4[4], up4[4], act4[4];
+          CUTLASS_PRAGMA_UNROLL
+          for (int b = 0; b < 4; ++b) {
+            const float g0 = accum(make_coord(make_coord(0, v1, q0 + b), h, 0));
+            const float g1 = accum(make_coord(make_coord(1, v1, q0 + b), h, 0));
+            const float u0 = accum(make_coord(make_coord(0, v1, q0 + b + kGroups), h, 0));
+            const float u1 = accum(make_coord(make_coord(1, v1, q0 + b + kGroups), h, 0));
+            gate4[b] = pack_bf16x2(g0, g1);
+            up4[b] = pack_bf16x2(u0, u1);
+            act4[b] = pack_bf16x2(g0 * fast_sigmoid(g0) * u0, g1 * fast_sigmoid(g1) * u1);
+          }
+          const int col = col0 + quad_chunk_col(coords, v1, q0, h);  // gate columns
+          const bool ok = r < t.rows && col < p.n;
+          quad_transpose(act4);
+          if (ok) store_16B(p.a + row * p.n + col, act4);
+          if (p.h != nullptr) {
+            quad_transpose(gate4);
+            quad_transpose(up4);
+            if (ok) {
+              store_16B(p.h + row * h_pitch + col, gate4);
+              store_16B(p.h + row * h_pitch + p.n + col, up4);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  template <class Accumulator, class Coords>
+  static __device__ void store_staged(const Params& p, Element* smem, const Accumulator& accum,
+                                      const Coords& coords, const VarlenTile& t, int thread_idx,
+                                      int barrier_id) {
+    using namespace cute;
     constexpr int kGroups = kTileN / 16;
     const int col0 = t.n_block * kHalf;
     const int64_t h_pitch = 2 * int64_t(p.n);
@@ -258,9 +382,9 @@ struct SwiGLUEpilogue {
 // over 128 of the n columns; with H (kept by K1) and the row's score s:
 //   A = silu(gate) * up, dA = s * dA',
 //   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
-// H is read straight into registers (bf16 pairs). dH and A' leave from registers too, but as
-// 16-byte chunks after a transpose across each quad (staging them through shared memory measured
-// slower: docs/perf-notes.md, session 9). The dS partial of each row and 128-column block goes
+// H arrives in registers as 16-byte chunks, transposed across each quad into the accumulator's
+// layout; dH and A' leave the same way in reverse (TileStore::kQuadTranspose; staging them
+// through shared memory measured slower: docs/perf-notes.md, session 9). The dS partial of each row and 128-column block goes
 // to its own slot, summed over blocks in a fixed order later (deterministic, no atomics).
 template <int kTileM, int kTileN>
 struct DSwiGLUEpilogue {
@@ -310,14 +434,27 @@ struct DSwiGLUEpilogue {
         static_assert(kPairs % kBatch == 0, "column pairs per batch");
         CUTLASS_PRAGMA_UNROLL
         for (int j0 = 0; j0 < kPairs; j0 += kBatch) {
+          // H as 16-byte chunks, the stores' transpose in reverse: lane l of a quad loads column
+          // group j0 + q0 + l (8 columns), and the transpose leaves each lane its 2 columns of
+          // each of the 4 groups, the accumulator's layout.
+          uint32_t g4[kBatch / 4][4], u4[kBatch / 4][4];
+          CUTLASS_PRAGMA_UNROLL
+          for (int q = 0; q < kBatch / 4; ++q) {
+            const int col = col0 + quad_chunk_col(coords, v1, j0 + 4 * q, m);
+            const bool ok = row_ok && col < p.n;
+            load_16B(g4[q], p.h + row * h_pitch + col, ok);
+            load_16B(u4[q], p.h + row * h_pitch + p.n + col, ok);
+          }
           __nv_bfloat162 g2[kBatch], u2[kBatch];
           CUTLASS_PRAGMA_UNROLL
-          for (int b = 0; b < kBatch; ++b) {
-            const int col = col0 + get<1>(coords(make_coord(make_coord(0, v1, j0 + b), m, 0)));
-            const bool ok = row_ok && col < p.n;
-            g2[b] = ok ? *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + col) : __nv_bfloat162{};
-            u2[b] = ok ? *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + p.n + col)
-                       : __nv_bfloat162{};
+          for (int q = 0; q < kBatch / 4; ++q) {
+            quad_transpose(g4[q]);
+            quad_transpose(u4[q]);
+            CUTLASS_PRAGMA_UNROLL
+            for (int b = 0; b < 4; ++b) {
+              g2[4 * q + b] = *reinterpret_cast<const __nv_bfloat162*>(&g4[q][b]);
+              u2[4 * q + b] = *reinterpret_cast<const __nv_bfloat162*>(&u4[q][b]);
+            }
           }
           // Results of 4 column groups at a time, transposed across the quad so each lane
           // stores one group's 8 columns as a 16-byte chunk (a warp store: 8 rows x 64 bytes,
@@ -352,11 +489,7 @@ struct DSwiGLUEpilogue {
             quad_transpose(dg4);
             quad_transpose(du4);
             quad_transpose(as4);
-            // This lane now holds group j0 + q0 + lane % 4: 8 columns from the quad's first one
-            // (this lane's column of value (0, v1, j0 + q0) less its 2 (lane % 4)) plus 8 (lane % 4).
-            const int quad_lane = threadIdx.x % 4;
-            const int quad_col = get<1>(coords(make_coord(make_coord(0, v1, j0 + q0), m, 0))) - 2 * quad_lane;
-            const int col = col0 + quad_col + 8 * quad_lane;
+            const int col = col0 + quad_chunk_col(coords, v1, j0 + q0, m);
             if (row_ok && col < p.n) {
               Element* d_h_row = p.d_h + row * h_pitch;
               store_16B(d_h_row + col, dg4);
