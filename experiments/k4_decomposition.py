@@ -2,7 +2,7 @@
 kernel with scripts/ab_patch.sh and see where K4's time goes (docs/perf-notes.md, session 9):
 
   nostore   no dH / A' stores (the results feed dS instead, so their math stays)
-  noload    no H loads (gate and up come from the accumulator)
+  noload    no H loads (gate and up come from the accumulator; the transpose stays)
   noepi     neither loads nor stores: only the epilogue's math and the dS store
   mainonly  the mainloop alone: the epilogue stores dS of the accumulator's row sums
 
@@ -23,11 +23,13 @@ import sys
 HEADER = "csrc/sm90/fusion/varlen_epilogue_sm90.cuh"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-H_LOADS = """            g2[b] = ok ? *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + col) : __nv_bfloat162{};
-            u2[b] = ok ? *reinterpret_cast<const __nv_bfloat162*>(p.h + row * h_pitch + p.n + col)
-                       : __nv_bfloat162{};"""
-H_FROM_ACCUM = """            g2[b] = ok ? __floats2bfloat162_rn(accum(make_coord(make_coord(0, v1, j0 + b), m, 0)), 1.f) : __nv_bfloat162{};
-            u2[b] = ok ? __floats2bfloat162_rn(accum(make_coord(make_coord(1, v1, j0 + b), m, 0)), 0.5f) : __nv_bfloat162{};"""
+H_LOADS = """            load_16B(g4[q], p.h + row * h_pitch + col, ok);
+            load_16B(u4[q], p.h + row * h_pitch + p.n + col, ok);"""
+H_FROM_ACCUM = """            CUTLASS_PRAGMA_UNROLL
+            for (int b = 0; b < 4; ++b) {
+              g4[q][b] = ok ? pack_bf16x2(accum(make_coord(make_coord(0, v1, j0 + 4 * q + b), m, 0)), 1.f) : 0u;
+              u4[q][b] = ok ? pack_bf16x2(accum(make_coord(make_coord(1, v1, j0 + 4 * q + b), m, 0)), 0.5f) : 0u;
+            }"""
 STORES = """              store_16B(d_h_row + col, dg4);
               store_16B(d_h_row + p.n + col, du4);
               store_16B(p.a_scaled + row * p.n + col, as4);"""
