@@ -151,7 +151,7 @@ using VarlenMainloopFor =
 template <bool kKMajorB, GemmTileConfig kConfig = GemmTileConfig::kVarlenPingpong128x128x64>
 Status run_varlen_store_gemm(const GroupedGemmParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/false, kKMajorB>;
-  // Quad-transposed stores ran 1-12% faster than staged ones in K2 and K6 on every tile
+  // Quad-transposed stores: K2 and K6 0-12% faster than staged on every tile and config timed
   // (docs/perf-notes.md, session 10).
   using Epilogue = StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kQuadTranspose>;
   using Kernel = VarlenGemmKernel<Mainloop, Epilogue>;
@@ -179,8 +179,8 @@ void set_gathered_a(MainloopParams& m, const void* src, const int32_t* gather_id
 template <GemmTileConfig kConfig>
 Status run_up_proj_varlen(const UpProjParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/true>;
-  // Quad-transposed stores: K1 cooperative 2-11% faster than staged; the ping-pong K1, whose
-  // epilogue overlaps the other warpgroup's mainloop, 0-3% slower (docs/perf-notes.md, session 10).
+  // Quad-transposed stores: the cooperative K1 2-11% faster than staged; the ping-pong K1, whose
+  // epilogue overlaps the other warpgroup's mainloop, up to 5% slower (docs/perf-notes.md, session 10).
   constexpr TileStore kStore = gemm_tile_shape(kConfig).pingpong ? TileStore::kStaged : TileStore::kQuadTranspose;
   using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN, kStore>>;
   typename Kernel::Params params{};

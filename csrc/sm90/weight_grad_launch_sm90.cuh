@@ -9,7 +9,7 @@ namespace sonicmoe::sm90 {
 
 template <class Mainloop>
 Status run_weight_grad_with(const WeightGradParams& p) {
-  // Staged stores: quad-transposed ones measured 0-3% slower here (docs/perf-notes.md, session 10).
+  // Staged stores: quad-transposed ones measured -1% to +3% here, no gain (docs/perf-notes.md, session 10).
   using Epilogue = StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kStaged>;
   using Kernel = VarlenGemmKernel<Mainloop, Epilogue, VarlenKTileScheduler<Mainloop::kTileM>>;
   using Element = cutlass::bfloat16_t;

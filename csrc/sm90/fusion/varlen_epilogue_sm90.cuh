@@ -384,8 +384,9 @@ struct SwiGLUEpilogue {
 //   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
 // H arrives in registers as 16-byte chunks, transposed across each quad into the accumulator's
 // layout; dH and A' leave the same way in reverse (TileStore::kQuadTranspose; staging them
-// through shared memory measured slower: docs/perf-notes.md, session 9). The dS partial of each row and 128-column block goes
-// to its own slot, summed over blocks in a fixed order later (deterministic, no atomics).
+// through shared memory measured slower: docs/perf-notes.md, session 9). The dS partial of each
+// row and 128-column block goes to its own slot, summed over blocks in a fixed order later
+// (deterministic, no atomics).
 template <int kTileM, int kTileN>
 struct DSwiGLUEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
