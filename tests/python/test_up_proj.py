@@ -58,8 +58,9 @@ def check(x, w1, offs, gather_idx, keep_h=True, tile_config="auto"):
         assert rel_err(h, h_ref) <= 1e-2
 
 
-# Every varlen configuration: ping-pong 128 x 128, cooperative 128 x 256 (two B boxes per
-# SwiGLU half, H staged in two column windows) or cooperative 256 x 128.
+# Every varlen configuration: ping-pong 128 x 128 (H and A staged through shared memory),
+# cooperative 128 x 256 (two B boxes per SwiGLU half) or cooperative 256 x 128 (both store from
+# registers through the quad transpose).
 VARLEN_CONFIGS = pytest.mark.parametrize(
     "tile_config", [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
 
@@ -99,10 +100,12 @@ def test_many_tiles_per_cta_and_deep_k(tile_config):
     check(*make_inputs(random_counts(64 * 300, 64, gen), 2000, 1024, 256, gen), tile_config=tile_config)
 
 
+@VARLEN_CONFIGS
 @pytest.mark.parametrize("d,n", [(8, 8), (72, 40), (200, 1000), (1000, 200), (4096, 64)])
-def test_d_and_n_not_multiples_of_the_tile(d, n):
+def test_d_and_n_not_multiples_of_the_tile(d, n, tile_config):
+    # Partial N blocks on every store path: the last 16-byte chunks of a row past n are skipped.
     gen = generator("up-dn", d, n)
-    check(*make_inputs(random_counts(600, 4, gen), 333, d, n, gen))
+    check(*make_inputs(random_counts(600, 4, gen), 333, d, n, gen), tile_config=tile_config)
 
 
 def test_without_h():
