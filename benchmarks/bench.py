@@ -12,7 +12,10 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
 - backward_kernels: the backward's kernels one by one (K4, K6, K5, K7) beside the interim weight
   gradients (gather + torch._grouped_mm), TFLOP/s of each;
 - token_rounding: token rounding against top-K on the two sweeps of DESIGN §6.
-Prints tables; writes JSON and a PNG plot to --out.
+Prints tables; writes JSON and a PNG plot to --out. With --profile, forward_kernels and
+backward_kernels run each part once after two warm-up calls, between cudaProfilerStart and
+cudaProfilerStop, for a profiler started with collection off (scripts/ncu_parts.sh); their
+tables then show that one call's time.
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
 """
@@ -283,12 +286,36 @@ def bench_backward_kernels(name, cfg, parts=None):
     return time_kernels(name, fns, parts)
 
 
+# --profile: the per-kernel tables run each part once inside the profiler's range instead of timing it.
+PROFILE_ONE_CALL = False
+
+
+def profile_one_call(fns):
+    """Each callable twice as warm-up, then once between cudaProfilerStart and cudaProfilerStop;
+    returns that call's ms (CUDA events; under a profiler's replay only a rough figure)."""
+    ms = {}
+    for k, fn in fns.items():
+        fn()
+        fn()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        start.record()
+        fn()
+        stop.record()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        ms[k] = start.elapsed_time(stop)
+    return ms
+
+
 def time_kernels(name, fns, parts=None):
     """One row of per-kernel times: fns maps a name to (callable, FLOPs per call); only the names
     in parts when given."""
     if parts:
         fns = {k: v for k, v in fns.items() if k in parts}
-    ms = time_interleaved({k: fn for k, (fn, _) in fns.items()}, rounds=3, iters=10)
+    callables = {k: fn for k, (fn, _) in fns.items()}
+    ms = profile_one_call(callables) if PROFILE_ONE_CALL else time_interleaved(callables, rounds=3, iters=10)
     row = {"config": name}
     for k, (_, flops) in fns.items():
         row[f"{k}_us"] = ms[k] * 1e3
@@ -432,7 +459,11 @@ def main():
     parser.add_argument("--ops", default="grouped_gemm,combine", help="comma-separated ops to time")
     parser.add_argument("--parts", default="", help="forward_kernels / backward_kernels: comma-separated "
                         "columns to time (e.g. K4_down_proj_grad,K6_grouped_gemm_kn; default all)")
+    parser.add_argument("--profile", action="store_true", help="forward_kernels / backward_kernels: run each "
+                        "part once inside cudaProfilerStart / Stop instead of timing it (scripts/ncu_parts.sh)")
     args = parser.parse_args()
+    global PROFILE_ONE_CALL
+    PROFILE_ONE_CALL = args.profile
     parts = {p for p in args.parts.split(",") if p}
     known = {p for _, columns, _ in KERNEL_TABLES.values() for p in columns}
     if parts - known:
