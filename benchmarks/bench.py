@@ -184,12 +184,25 @@ def bench_moe_forward(name, cfg, anchor_rows):
                            "sonicmoe_no_grad": inference,
                            "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)},
                           rounds=5, iters=10)
-    upstream = next((r.get("fwd_tflops") for r in anchor_rows
-                     if r["config"] == name and r["impl"] == "sonicmoe-upstream"), None)
+    up = upstream_anchor(anchor_rows, name)
     return {"config": name, "sonicmoe_fwd_tflops": flops / ms["sonicmoe"] / 1e9,
             "sonicmoe_no_grad_fwd_tflops": flops / ms["sonicmoe_no_grad"] / 1e9,
             "torch_grouped_mm_fwd_tflops": flops / ms["torch_grouped_mm"] / 1e9,
-            "upstream_fwd_tflops_anchor": upstream}
+            "upstream_fwd_tflops_anchor": up.get("fwd_tflops"), "upstream_impl": up.get("impl")}
+
+
+# Marks an anchor taken from upstream's torch.compile'd layer (where no eager figure exists).
+COMPILED_MARK = "†"
+
+
+def upstream_anchor(anchor_rows, name):
+    """Upstream SonicMoE's anchor row at a config: the eager layer's, or where the anchors hold
+    none (deepseek-v3), the torch.compile'd one's, marked by its impl."""
+    for impl in ("sonicmoe-upstream", "sonicmoe-upstream-compiled"):
+        row = next((r for r in anchor_rows if r["config"] == name and r["impl"] == impl and "fwd_tflops" in r), None)
+        if row is not None:
+            return row
+    return {}
 
 
 def kept_mib(fn):
@@ -236,8 +249,9 @@ def bench_moe_backward(name, cfg, anchor_rows):
         row[f"{impl}_kept_MiB"] = kept_mib(layer)
         for t in params:
             t.grad = None
-    up = next((r for r in anchor_rows if r["config"] == name and r["impl"] == "sonicmoe-upstream"), {})
+    up = upstream_anchor(anchor_rows, name)
     row.update({f"upstream_{k}_anchor": up.get(k) for k in ("bwd_tflops", "fwd_bwd_tflops", "kept_MiB")})
+    row["upstream_impl"] = up.get("impl")
     return row
 
 
@@ -497,12 +511,13 @@ def main():
         for r in fwd_rows:
             up = r["upstream_fwd_tflops_anchor"]
             ours = r["sonicmoe_fwd_tflops"]
-            print(f"{r['config']:<18}{ours:>10.1f}{r['torch_grouped_mm_fwd_tflops']:>11.1f}"
+            mark = COMPILED_MARK if r["upstream_impl"] == "sonicmoe-upstream-compiled" else ""
+            print(f"{r['config'] + mark:<18}{ours:>10.1f}{r['torch_grouped_mm_fwd_tflops']:>11.1f}"
                   f"{ours / r['torch_grouped_mm_fwd_tflops']:>7.3f}"
                   f"{(f'{up:.1f}' if up else '-'):>11}{(f'{ours / up:.3f}' if up else '-'):>7}"
                   f"{r['sonicmoe_no_grad_fwd_tflops']:>14.1f}")
-        print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on; "
-              "*upstream SonicMoE from shared/anchors)\n")
+        print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on; *upstream SonicMoE from "
+              f"shared/anchors; {COMPILED_MARK}: its torch.compile'd layer, where no eager figure exists)\n")
     if "token_rounding" in ops:
         tr_rows = []
         for sweep, points in TOKEN_ROUNDING_SWEEPS.items():
@@ -540,13 +555,15 @@ def main():
               f"{'kept MiB':>10}{'torch':>9}{'up*':>9}")
         fmt = lambda v, w, p=1: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
         for r in bwd_rows:
-            print(f"{r['config']:<18}{fmt(r['sonicmoe_bwd_tflops'], 8)}{fmt(r['torch_grouped_mm_bwd_tflops'], 8)}"
+            mark = COMPILED_MARK if r["upstream_impl"] == "sonicmoe-upstream-compiled" else ""
+            print(f"{r['config'] + mark:<18}{fmt(r['sonicmoe_bwd_tflops'], 8)}{fmt(r['torch_grouped_mm_bwd_tflops'], 8)}"
                   f"{fmt(r['upstream_bwd_tflops_anchor'], 8)}{fmt(r['sonicmoe_fwd_bwd_tflops'], 9)}"
                   f"{fmt(r['torch_grouped_mm_fwd_bwd_tflops'], 8)}{fmt(r['upstream_fwd_bwd_tflops_anchor'], 8)}"
                   f"{fmt(r['sonicmoe_kept_MiB'], 10, 0)}{fmt(r['torch_grouped_mm_kept_MiB'], 9, 0)}"
                   f"{fmt(r['upstream_kept_MiB_anchor'], 9, 0)}")
         print("(TFLOP/s: bwd = 12*T*K*d*n / (t_fwd+bwd - t_fwd), fwd+bwd = 18*T*K*d*n / t; kept = memory "
-              "allocated after the forward minus its output; *upstream SonicMoE from shared/anchors)\n")
+              "allocated after the forward minus its output; *upstream SonicMoE from shared/anchors; "
+              f"{COMPILED_MARK}: its torch.compile'd layer)\n")
     if "grouped_gemm" not in ops:
         return
     rows = []
