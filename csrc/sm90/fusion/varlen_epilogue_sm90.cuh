@@ -46,8 +46,8 @@ __device__ __forceinline__ void store_16B(void* dst, const uint32_t (&v)[4]) {
 __device__ __forceinline__ void load_16B(uint32_t (&v)[4], const void* src, bool valid) {
   if (valid) {
     asm("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                 : "l"(src));
+        : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+        : "l"(src));
   } else {
     v[0] = v[1] = v[2] = v[3] = 0u;
   }
@@ -446,16 +446,10 @@ struct DSwiGLUEpilogue {
             load_16B(g4[q], p.h + row * h_pitch + col, ok);
             load_16B(u4[q], p.h + row * h_pitch + p.n + col, ok);
           }
-          __nv_bfloat162 g2[kBatch], u2[kBatch];
           CUTLASS_PRAGMA_UNROLL
           for (int q = 0; q < kBatch / 4; ++q) {
             quad_transpose(g4[q]);
             quad_transpose(u4[q]);
-            CUTLASS_PRAGMA_UNROLL
-            for (int b = 0; b < 4; ++b) {
-              g2[4 * q + b] = *reinterpret_cast<const __nv_bfloat162*>(&g4[q][b]);
-              u2[4 * q + b] = *reinterpret_cast<const __nv_bfloat162*>(&u4[q][b]);
-            }
           }
           // Results of 4 column groups at a time, transposed across the quad so each lane
           // stores one group's 8 columns as a 16-byte chunk (a warp store: 8 rows x 64 bytes,
@@ -468,7 +462,8 @@ struct DSwiGLUEpilogue {
               // Columns past n and rows past the tile load H as 0: every result is 0 there,
               // and the stores below skip them.
               const int j = j0 + q0 + b;
-              const float2 g = __bfloat1622float2(g2[q0 + b]), u = __bfloat1622float2(u2[q0 + b]);
+              const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g4[q0 / 4][b]));
+              const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u4[q0 / 4][b]));
               float dg[2], du[2], as[2];
               CUTLASS_PRAGMA_UNROLL
               for (int v0 = 0; v0 < 2; ++v0) {
