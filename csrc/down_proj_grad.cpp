@@ -6,6 +6,7 @@
 #include "common/host_rules.h"
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
+#include "sm90/heuristics.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -13,10 +14,6 @@ namespace sonicmoe {
 std::string check_down_proj_grad(const DownProjGradParams& p) {
   std::string problem = check_expert_mlp_dims("down_proj_grad", p);
   if (!problem.empty()) return problem;
-  // The score-gradient partials have one slot per 128 columns of n (kDownProjGradBlockCols).
-  if (p.config == GemmTileConfig::kVarlenCooperative128x256x64)
-    return rule_message("down_proj_grad", "config", static_cast<int>(p.config),
-                        "must not be 8 (varlen_cooperative_128x256x64): K4's tiles are 128 columns wide");
   if (varlen_max_tiles(p.m_total, p.num_experts, 128, (p.n + 127) / 128) > INT32_MAX)
     return rule_message("down_proj_grad", "m_total", p.m_total,
                         "(m_total / 128 + num_experts) * ceil(n / 128) tiles must fit in int32");
@@ -34,9 +31,12 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   if (!aligned16(p.d_out) || !aligned16(p.w2) || !aligned16(p.h) || !aligned16(p.d_h) ||
       !aligned16(p.a_scaled))
     return Status::error("down_proj_grad: d_out, w2, h, d_h and a_scaled must be 16-byte aligned");
-  switch (p.config) {
+  const GemmTileConfig config =
+      p.config == GemmTileConfig::kAuto ? sm90::choose_down_proj_grad_config(p.n) : p.config;
+  switch (config) {
     case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_down_proj_grad_cooperative_256x128(p);
-    default: return sm90::run_down_proj_grad(p);  // kAuto, kVarlenPingpong128x128x64
+    case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_down_proj_grad_cooperative_128x256(p);
+    default: return sm90::run_down_proj_grad(p);  // kVarlenPingpong128x128x64
   }
 }
 

@@ -32,6 +32,7 @@ Status run_varlen_grouped_gemm_kn_cooperative_256x128(const GroupedGemmParams& p
 // configuration with 128-column tiles.
 Status run_down_proj_grad(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_256x128(const DownProjGradParams& params);
+Status run_down_proj_grad_cooperative_128x256(const DownProjGradParams& params);
 
 // K1 (run_up_proj of sonicmoe.h) once the host rules have passed, one per varlen configuration.
 Status run_up_proj(const UpProjParams& params);

@@ -42,6 +42,14 @@ inline GemmTileConfig choose_up_proj_config(int64_t n) {
   return n % 128 == 0 ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenPingpong128x128x64;
 }
 
+// K4's tile: cooperative 128 x 256 (two score-gradient slots per tile) where n fills whole
+// 256-column tiles. On the H200 (session 11, call 2) it ran 3-8% faster than ping-pong 128 x 128
+// at qwen3-30b-a3b (n 768), paper-30b-n512 and qwen3-235b-a22b (n 1536): a gathered dO row
+// serves twice the columns, as in K1. A partial last tile would waste up to half its columns.
+inline GemmTileConfig choose_down_proj_grad_config(int64_t n) {
+  return n % 256 == 0 ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenPingpong128x128x64;
+}
+
 // K5 / K7 (weight_grad): the cooperative tile whose gathered side is 128 wide (128 x 256 when A
 // is gathered, 256 x 128 when B is) wherever every row was written; on the H200 (session 7,
 // call 4) it ran 1.6-3.0x the ping-pong tile's rate at all 8 anchor configs (K5 2.0-3.0x, K7

@@ -200,7 +200,7 @@ template <GemmTileConfig kConfig>
 Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/false>;
   using Kernel = VarlenGemmKernel<Mainloop, DSwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
-  static_assert(Mainloop::kTileN == kDownProjGradBlockCols, "d_score_partial slots are N tiles");
+  static_assert(Kernel::Epilogue::kSlotCols == kDownProjGradBlockCols, "d_score_partial slots");
   using Element = cutlass::bfloat16_t;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w2, p.n, p.d, p.num_experts));

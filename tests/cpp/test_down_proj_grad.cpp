@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sm90/heuristics.h"
 #include "sonicmoe.h"
 #include "test_util.h"
 
@@ -22,8 +23,6 @@ TEST(DownProjGradHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](DownProjGradParams& p) { p.sm_count = 0; }, "down_proj_grad: sm_count = 0 breaks the rule"},
       {[](DownProjGradParams& p) { p.config = sonicmoe::GemmTileConfig::kPingpong128x128x64; },
        "down_proj_grad: config = 1 breaks the rule: must be 0 (auto) or a varlen configuration"},
-      {[](DownProjGradParams& p) { p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64; },
-       "down_proj_grad: config = 8 breaks the rule: must not be 8 (varlen_cooperative_128x256x64)"},
       {[](DownProjGradParams& p) { p.m_total = INT32_MAX; p.n = 1 << 20; }, "tiles must fit in int32"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_down_proj_grad);
@@ -31,6 +30,17 @@ TEST(DownProjGradHost, rejects_bad_shapes_naming_argument_value_rule) {
 
 TEST(DownProjGradHost, run_rejects_null_pointers_before_any_launch) {
   EXPECT_NE(sonicmoe::run_down_proj_grad(valid_shape()).message.find("must be non-null"), std::string::npos);
+}
+
+TEST(DownProjGradHost, heuristic_takes_the_wide_tile_where_n_fills_256_column_tiles) {
+  using sonicmoe::sm90::choose_down_proj_grad_config;
+  constexpr auto kWide = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64;
+  constexpr auto kPingpong = sonicmoe::GemmTileConfig::kVarlenPingpong128x128x64;
+  EXPECT_EQ(choose_down_proj_grad_config(768), kWide);    // qwen3-30b-a3b
+  EXPECT_EQ(choose_down_proj_grad_config(1536), kWide);   // qwen3-235b-a22b
+  EXPECT_EQ(choose_down_proj_grad_config(256), kWide);    // paper-7b-n256
+  EXPECT_EQ(choose_down_proj_grad_config(384), kPingpong);  // a half-empty last tile
+  EXPECT_EQ(choose_down_proj_grad_config(200), kPingpong);
 }
 
 }  // namespace

@@ -392,13 +392,17 @@ struct DSwiGLUEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
   static constexpr int kBoxRowsB = 64;
+  // d_score_partial has one slot per 128 columns of n (kDownProjGradBlockCols): a 128-column
+  // tile writes one, a 256-column tile two.
+  static constexpr int kSlotCols = 128;
+  static_assert(kTileN % kSlotCols == 0, "whole score slots per tile");
 
   struct Params {
     const Element* h = nullptr;       // (m_total, 2n)
     const float* row_score = nullptr;  // (m_total)
     Element* d_h = nullptr;           // (m_total, 2n)
     Element* a_scaled = nullptr;      // (m_total, n)
-    float* d_score_partial = nullptr;  // (m_total, n_blocks)
+    float* d_score_partial = nullptr;  // (m_total, ceil(n / kSlotCols))
     int n = 0;
   };
 
@@ -416,7 +420,7 @@ struct DSwiGLUEpilogue {
     using namespace cute;
     const int col0 = t.n_block * kTileN;
     const int64_t h_pitch = 2 * int64_t(p.n);
-    const int blocks = n_blocks(p);
+    const int slots = (p.n + kSlotCols - 1) / kSlotCols;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < size<1>(accum); ++m) {
       CUTLASS_PRAGMA_UNROLL
@@ -432,7 +436,8 @@ struct DSwiGLUEpilogue {
         // rows at once (16 pairs) spill at the kernel's 168-register budget.
         constexpr int kPairs = decltype(size<0, 2>(accum))::value;
         constexpr int kBatch = 8;
-        static_assert(kPairs % kBatch == 0, "column pairs per batch");
+        constexpr int kSlotGroups = kSlotCols / 8;  // 8-column groups per score slot
+        static_assert(kPairs % kBatch == 0 && kSlotGroups % kBatch == 0, "batches within one slot");
         CUTLASS_PRAGMA_UNROLL
         for (int j0 = 0; j0 < kPairs; j0 += kBatch) {
           // H as 16-byte chunks, the stores' transpose in reverse: lane l of a quad loads column
@@ -493,11 +498,17 @@ struct DSwiGLUEpilogue {
               store_16B(p.a_scaled + row * p.n + col, as4);
             }
           }
+          if ((j0 + kBatch) % kSlotGroups == 0) {
+            // The row's sum over one slot's columns. The 4 lanes of a quad hold the same row's
+            // columns: sum them in a fixed order. A slot past n (a 256-column tile's second
+            // half) has no place and holds only zeros.
+            d_score += __shfl_xor_sync(0xffffffffu, d_score, 1);
+            d_score += __shfl_xor_sync(0xffffffffu, d_score, 2);
+            const int slot = t.n_block * (kTileN / kSlotCols) + j0 / kSlotGroups;
+            if (row_ok && threadIdx.x % 4 == 0 && slot < slots) p.d_score_partial[row * slots + slot] = d_score;
+            d_score = 0.f;
+          }
         }
-        // The 4 lanes of a quad hold the same row's columns: sum them in a fixed order.
-        d_score += __shfl_xor_sync(0xffffffffu, d_score, 1);
-        d_score += __shfl_xor_sync(0xffffffffu, d_score, 2);
-        if (row_ok && threadIdx.x % 4 == 0) p.d_score_partial[row * blocks + t.n_block] = d_score;
       }
     }
   }
