@@ -32,7 +32,7 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
       !aligned16(p.a_scaled))
     return Status::error("down_proj_grad: d_out, w2, h, d_h and a_scaled must be 16-byte aligned");
   const GemmTileConfig config =
-      p.config == GemmTileConfig::kAuto ? sm90::choose_down_proj_grad_config(p.n) : p.config;
+      p.config == GemmTileConfig::kAuto ? sm90::choose_down_proj_grad_config(p.n, p.d) : p.config;
   switch (config) {
     case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_down_proj_grad_cooperative_256x128(p);
     case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_down_proj_grad_cooperative_128x256(p);

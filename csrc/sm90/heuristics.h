@@ -43,11 +43,13 @@ inline GemmTileConfig choose_up_proj_config(int64_t n) {
 }
 
 // K4's tile: cooperative 128 x 256 (two score-gradient slots per tile) where n fills whole
-// 256-column tiles. On the H200 (session 11, call 2) it ran 3-8% faster than ping-pong 128 x 128
-// at qwen3-30b-a3b (n 768), paper-30b-n512 and qwen3-235b-a22b (n 1536): a gathered dO row
-// serves twice the columns, as in K1. A partial last tile would waste up to half its columns.
-inline GemmTileConfig choose_down_proj_grad_config(int64_t n) {
-  return n % 256 == 0 ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenPingpong128x128x64;
+// 256-column tiles and the K loop (d) is long enough to cover its epilogue, which unlike
+// ping-pong's does not overlap a mainloop. On the H200 (session 11, calls 2-3) at d >= 4096 it
+// ran up to 8% faster than ping-pong 128 x 128 (the layer's backward +0.5% to +5%); at d <= 2048
+// it lost up to 10% in most runs (paper-7b, olmoe, qwen3-30b-a3b; layer -2% to +2%).
+inline GemmTileConfig choose_down_proj_grad_config(int64_t n, int64_t d) {
+  return n % 256 == 0 && d >= 4096 ? GemmTileConfig::kVarlenCooperative128x256x64
+                                   : GemmTileConfig::kVarlenPingpong128x128x64;
 }
 
 // K5 / K7 (weight_grad): the cooperative tile whose gathered side is 128 wide (128 x 256 when A
