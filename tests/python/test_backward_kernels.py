@@ -41,11 +41,10 @@ def test_grouped_gemm_kn(k, n_out, E, tile_config):
     assert rel(out, ref) <= 1e-2
 
 
-@K4_CONFIGS
-@pytest.mark.parametrize("T,d,n,E,K", [(700, 1536, 256, 128, 8), (300, 256, 200, 8, 2), (300, 256, 384, 8, 2),
-                                       (50, 64, 64, 4, 1)])
-def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K, tile_config):
-    gen = generator("k4", T, d, n, E, K)
+def check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows=0):
+    """K4 against its fp32 spec from the same H. tail_rows > 0 runs it on partial_rows buffers
+    (token rounding's): M_total = T*K + tail_rows, and expert_offsets[E] stops at T*K."""
+    gen = generator("k4", T, d, n, E, K, tail_rows)
     x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
     w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
     w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16()
@@ -56,8 +55,16 @@ def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K, tile_config):
     rows = meta.rev_idx.reshape(-1).long()
     row_score = scores.new_empty(rows.numel())
     row_score[rows] = scores.reshape(-1)
-    d_h, a_scaled, ds_part = sonicmoe.down_proj_grad(d_out, w2, h, row_score, meta.expert_offsets,
-                                                     meta.gather_idx, tile_config=tile_config)
+    valid = T * K
+    h_in, row_score_in, gather_in = h, row_score, meta.gather_idx
+    if tail_rows:  # rows past expert_offsets[E] hold garbage the kernel must not read as rows
+        h_in = torch.cat([h, torch.randn(tail_rows, 2 * n, device="cuda", generator=gen).bfloat16()])
+        row_score_in = torch.cat([row_score, torch.rand(tail_rows, device="cuda", generator=gen)])
+        gather_in = torch.cat([meta.gather_idx, torch.randint(0, T, (tail_rows,), device="cuda", generator=gen,
+                                                              dtype=torch.int32)])
+    d_h, a_scaled, ds_part = sonicmoe.down_proj_grad(d_out, w2, h_in, row_score_in, meta.expert_offsets, gather_in,
+                                                     partial_rows=tail_rows > 0, tile_config=tile_config)
+    d_h, a_scaled, ds_part = d_h[:valid], a_scaled[:valid], ds_part[:valid]
     # fp32 spec from the same H
     hf = h.float()
     gate, up = hf[:, :n], hf[:, n:]
@@ -77,3 +84,24 @@ def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K, tile_config):
     slots = ds_part.shape[1]
     want_part = F.pad(d_a_prime * a, (0, slots * 128 - n)).view(-1, slots, 128).sum(-1)
     assert rel(ds_part, want_part) <= 1e-2
+
+
+@K4_CONFIGS
+@pytest.mark.parametrize("T,d,n,E,K", [(700, 1536, 256, 128, 8), (300, 256, 200, 8, 2), (300, 256, 384, 8, 2),
+                                       (50, 64, 64, 4, 1)])
+def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K, tile_config):
+    check_down_proj_grad(T, d, n, E, K, tile_config)
+
+
+# "auto" takes the cooperative 128 x 256 tile where n % 256 == 0 and d >= 4096 (sm90/heuristics.h):
+# the first case reaches it, the second takes ping-pong.
+@pytest.mark.parametrize("T,d,n,E,K", [(200, 4096, 256, 8, 2), (200, 2048, 256, 8, 2)])
+def test_down_proj_grad_auto(T, d, n, E, K):
+    check_down_proj_grad(T, d, n, E, K, "auto")
+
+
+# Token rounding runs K4 on upper-bound buffers: rows past expert_offsets[E] are left alone.
+@pytest.mark.parametrize("tile_config", ["auto"] + [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
+@pytest.mark.parametrize("T,d,n,E,K,tail_rows", [(300, 256, 256, 8, 2, 77), (200, 4096, 512, 8, 2, 200)])
+def test_down_proj_grad_partial_rows(T, d, n, E, K, tail_rows, tile_config):
+    check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows)
