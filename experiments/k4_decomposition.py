@@ -4,7 +4,7 @@ kernel with scripts/ab_patch.sh and see where K4's time goes (docs/perf-notes.md
   nostore   no dH / A' stores (the results feed dS instead, so their math stays)
   noload    no H loads (gate and up come from the accumulator; the transpose stays)
   noepi     neither loads nor stores: only the epilogue's math and the dS store
-  mainonly  the mainloop alone: the epilogue stores dS of the accumulator's row sums
+  mainonly  the mainloop alone: each batch of the epilogue only sums the accumulator into dS
 
 The outputs are wrong by design: a diagnostic, never built into the product. Each variant is a
 folder holding the changed header at its path in the tree:
@@ -35,12 +35,12 @@ STORES = """              store_16B(d_h_row + col, dg4);
               store_16B(p.a_scaled + row * p.n + col, as4);"""
 INTO_DS = """              d_score += 0.f * __uint_as_float(dg4[0] ^ dg4[1] ^ dg4[2] ^ dg4[3] ^ du4[0] ^ du4[1] ^ du4[2] ^ du4[3] ^
                                                as4[0] ^ as4[1] ^ as4[2] ^ as4[3]);"""
-EPILOGUE_START = "        // H loads in groups of kBatch column pairs"
-EPILOGUE_END = "        // The 4 lanes of a quad hold the same row's columns"
-ACCUM_SUMS = """        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < decltype(size<0, 2>(accum))::value; ++j)
-          d_score += accum(make_coord(make_coord(0, v1, j), m, 0)) + accum(make_coord(make_coord(1, v1, j), m, 0));
-        d_score *= score;
+BATCH_START = "          // H as 16-byte chunks, the stores' transpose in reverse"
+BATCH_END = "          if ((j0 + kBatch) % kSlotGroups == 0) {"
+ACCUM_SUMS = """          CUTLASS_PRAGMA_UNROLL
+          for (int j = j0; j < j0 + kBatch; ++j)
+            d_score += score * (accum(make_coord(make_coord(0, v1, j), m, 0)) +
+                                accum(make_coord(make_coord(1, v1, j), m, 0)));
 """
 
 
@@ -51,7 +51,7 @@ def replace(text, old, new):
 
 
 def variants(text):
-    start, end = text.index(EPILOGUE_START), text.index(EPILOGUE_END)
+    start, end = text.index(BATCH_START), text.index(BATCH_END)
     return {
         "nostore": replace(text, STORES, INTO_DS),
         "noload": replace(text, H_LOADS, H_FROM_ACCUM),
