@@ -29,7 +29,7 @@ Status run_varlen_grouped_gemm_kn_cooperative_128x256(const GroupedGemmParams& p
 Status run_varlen_grouped_gemm_kn_cooperative_256x128(const GroupedGemmParams& params);
 
 // K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed, one per varlen
-// configuration with 128-column tiles.
+// configuration (a 256-column tile writes two 128-column score slots).
 Status run_down_proj_grad(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_256x128(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_128x256(const DownProjGradParams& params);
