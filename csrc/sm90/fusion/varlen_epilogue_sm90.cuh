@@ -379,14 +379,14 @@ struct SwiGLUEpilogue {
 };
 
 // K4 (backward through the down-projection and SwiGLU). The accumulators are dA' = dO[gather] @ w2[e]
-// over 128 of the n columns; with H (kept by K1) and the row's score s:
+// over kTileN (128 or 256) of the n columns; with H (kept by K1) and the row's score s:
 //   A = silu(gate) * up, dA = s * dA',
 //   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
 // H arrives in registers as 16-byte chunks, transposed across each quad into the accumulator's
 // layout; dH and A' leave the same way in reverse (TileStore::kQuadTranspose; staging them
 // through shared memory measured slower: docs/perf-notes.md, session 9). The dS partial of each
-// row and 128-column block goes to its own slot, summed over blocks in a fixed order later
-// (deterministic, no atomics).
+// row and 128-column slot (kSlotCols) goes to its own place, summed over the slots in a fixed
+// order later (deterministic, no atomics).
 template <int kTileM, int kTileN>
 struct DSwiGLUEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
