@@ -11,8 +11,18 @@ Status run_weight_grad_cooperative(const WeightGradParams& p) {
   if (p.gather_a)
     return run_weight_grad_with<VarlenKMainloop<128, 256, kVarlenTileK, kVarlenCooperativeStages,
                                                 /*gather_a=*/true, /*tma_dense=*/true, /*consumers=*/2>>(p);
-  return run_weight_grad_with<VarlenKMainloop<256, 128, kVarlenTileK, kVarlenCooperativeStages,
-                                              /*gather_a=*/false, /*tma_dense=*/true, /*consumers=*/2>>(p);
+  // K7 in K5's shape: dW1[e]^T = x[gather]^T dH, x gathered on the 128-wide A side (the 256 x 128
+  // tile with two 64-row atoms per warpgroup ran 0.64-0.82x the gathered copy + torch._grouped_mm),
+  // stored transposed into (E, m_out, n_out).
+  WeightGradParams t = p;
+  t.a = p.b;
+  t.b = p.a;
+  t.m_out = p.n_out;
+  t.n_out = p.m_out;
+  t.gather_a = true;
+  return run_weight_grad_with<VarlenKMainloop<128, 256, kVarlenTileK, kVarlenCooperativeStages,
+                                              /*gather_a=*/true, /*tma_dense=*/true, /*consumers=*/2>,
+                              /*transposed_out=*/true>(t);
 }
 
 }  // namespace sonicmoe::sm90

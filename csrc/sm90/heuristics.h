@@ -53,10 +53,11 @@ inline GemmTileConfig choose_down_proj_grad_config(int64_t n, int64_t d) {
 }
 
 // K5 / K7 (weight_grad): the cooperative tile whose gathered side is 128 wide (128 x 256 when A
-// is gathered, 256 x 128 when B is) wherever every row was written; on the H200 (session 7,
-// call 4) it ran 1.6-3.0x the ping-pong tile's rate at all 8 anchor configs (K5 2.0-3.0x, K7
-// 1.6-1.9x). Token rounding's buffers (partial_rows) and empty problems take ping-pong's
-// cp.async path.
+// is gathered, 256 x 128 when B is: K7 runs it as the transposed 128 x 256 problem, K5's
+// mainloop) wherever every row was written; on the H200 (session 7, call 4) it ran 1.6-3.0x
+// the ping-pong tile's rate at all 8 anchor configs (K5 2.0-3.0x, K7 1.6-1.9x before its
+// transposed form, which added 1.19-1.36x: session 12, call 3). Token rounding's buffers
+// (partial_rows) and empty problems take ping-pong's cp.async path.
 inline GemmTileConfig choose_weight_grad_config(bool gather_a, bool partial_rows, int64_t m_total) {
   if (partial_rows || m_total == 0) return GemmTileConfig::kVarlenPingpong128x128x64;
   return gather_a ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenCooperative256x128x64;

@@ -7,10 +7,13 @@
 
 namespace sonicmoe::sm90 {
 
-template <class Mainloop>
+// kTransposedOut: the kernel computes out[e]^T (K7 in K5's shape, TransposedStoreEpilogue); p
+// then describes that transposed problem, its output written as (E, n_out, m_out).
+template <class Mainloop, bool kTransposedOut = false>
 Status run_weight_grad_with(const WeightGradParams& p) {
   // Staged stores: quad-transposed ones measured -1% to +3% here, no gain (docs/perf-notes.md, session 10).
-  using Epilogue = StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kStaged>;
+  using Epilogue = cute::conditional_t<kTransposedOut, TransposedStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>,
+                                       StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kStaged>>;
   using Kernel = VarlenGemmKernel<Mainloop, Epilogue, VarlenKTileScheduler<Mainloop::kTileM>>;
   using Element = cutlass::bfloat16_t;
   constexpr bool kGatherA = Mainloop::kGatherA;
@@ -28,6 +31,7 @@ Status run_weight_grad_with(const WeightGradParams& p) {
   params.mainloop.n_out = static_cast<int>(p.n_out);
   params.epilogue.out = static_cast<Element*>(p.out);
   params.epilogue.n_out = static_cast<int>(p.n_out);
+  if constexpr (kTransposedOut) params.epilogue.m_out = static_cast<int>(p.m_out);
   params.m_out = static_cast<int>(p.m_out);
   return launch_varlen_k_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
                                       p.stream, p.partial_rows);

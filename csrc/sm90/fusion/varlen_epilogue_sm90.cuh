@@ -234,6 +234,65 @@ struct StoreEpilogue {
   }
 };
 
+// K7 in K5's shape: the tile holds out[e]^T (tile row i, column j = out[e][j][i]), so it leaves
+// transposed through the warpgroup's staging buffer: windows of 64 tile columns, each written
+// column-major (the rows of the output), then read back as 16-byte runs along i. Output
+// (E, n_out, m_out) row-major; m_out % 8 == 0 (the host rule), so a chunk is wholly in or out.
+template <int kTileM, int kTileN>
+struct TransposedStoreEpilogue {
+  using Tile = EpilogueTile<kTileM, kTileN>;
+  using Element = typename Tile::Element;
+  static constexpr int kWindowCols = 64;               // tile columns (output rows) per window
+  static constexpr int kPitchT = Tile::kHalfRows + 8;  // elements per output row in smem: the
+                                                       // 2-byte writes of a warp hit 16 banks, two
+                                                       // lanes per word; rows stay 16-byte aligned
+  static_assert(kWindowCols * kPitchT <= Tile::kHalfRows * Tile::kPitch, "a window fits the staging buffer");
+  static_assert(kTileN % kWindowCols == 0, "whole windows");
+
+  struct Params {
+    Element* out = nullptr;  // (E, n_out, m_out)
+    int m_out = 0;           // the tiles' row extent per expert
+    int n_out = 0;           // the tiles' column extent
+  };
+
+  static __host__ __device__ int n_blocks(const Params& p) { return (p.n_out + kTileN - 1) / kTileN; }
+  static __device__ cute::array<int, 1> b_rows(const Params&, const VarlenTile&) { return {}; }  // varlen K: unused
+
+  template <class Accumulator, class Coords>
+  static __device__ void store(const Params& p, Element* smem, const Accumulator& accum, const Coords& coords,
+                               const VarlenTile& t, int thread_idx, int barrier_id) {
+    using namespace cute;
+    const int i0 = t.m_block * kTileM;
+    const int j0 = t.n_block * kTileN;
+    Element* out_e = p.out + int64_t(t.expert) * p.n_out * p.m_out;
+    constexpr int kChunks = Tile::kHalfRows / 8;  // 16-byte chunks per output row of a half
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < Tile::halves(accum); ++h) {
+      const int half_row = Tile::half_row(coords, h);
+      const int rows = min(Tile::kHalfRows, p.m_out - (i0 + half_row));
+      if (rows <= 0) break;
+      cute::for_each(cute::make_int_sequence<kTileN / kWindowCols>{}, [&](auto window) {
+        constexpr int w = decltype(window)::value;
+        Tile::sync(barrier_id);  // the previous window's reads are done
+        // Mode 0 of the accumulator runs along the columns: window w is the value range below.
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = kWindowCols * w / 2; v < kWindowCols * (w + 1) / 2; ++v) {
+          const auto rc = coords(v, h, 0);
+          smem[(get<1>(rc) - kWindowCols * w) * kPitchT + get<0>(rc) - half_row] = Element(accum(v, h, 0));
+        }
+        Tile::sync(barrier_id);
+        for (int idx = thread_idx; idx < kWindowCols * kChunks; idx += 128) {
+          const int c = idx / kChunks, chunk = idx % kChunks;
+          const int j = j0 + kWindowCols * w + c;
+          if (j < p.n_out && chunk * 8 < rows)
+            *reinterpret_cast<uint4*>(out_e + int64_t(j) * p.m_out + i0 + half_row + chunk * 8) =
+                *reinterpret_cast<const uint4*>(smem + c * kPitchT + chunk * 8);
+        }
+      });
+    }
+  }
+};
+
 // K1: the tile's N columns are kTileN / 2 gate columns (w1 rows of the gate half, from
 // n_block * kTileN / 2) and the matching up columns (w1 rows n + ...), so both halves of SwiGLU
 // meet in one thread.
