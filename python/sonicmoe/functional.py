@@ -72,6 +72,13 @@ def _dw2_on_k5(n: int, partial_rows: bool) -> bool:
     return not partial_rows and n <= 1024
 
 
+def _dw1_on_k7(n: int, partial_rows: bool) -> bool:
+    """Eager dW1 on K7 (K5's 128 x 256 tile with x gathered on its 128-wide side, stored
+    transposed) rather than a gathered copy of x + torch._grouped_mm: measured faster where
+    n <= 256 (session 12, call 3: 626-639 against 779-791 µs at paper-7b-n256)."""
+    return not partial_rows and n <= 256
+
+
 def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows):
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
@@ -80,9 +87,9 @@ def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_id
 
     The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) on cooperative
     tiles, or torch._grouped_mm over gathered copies of dO and x, whichever measured faster on
-    the H200 (docs/perf-notes.md, session 7): dW2 on K5 where n <= 1024 (1.03-1.79x the interim
-    path at the six such anchor configs; 0.90-0.97x at n 1536 and 2048), dW1 on the interim path
-    (K7 reaches 0.64-0.82x of it). Token rounding's buffers (partial_rows) keep the interim path
+    the H200 (docs/perf-notes.md, sessions 7 and 12): dW2 on K5 where n <= 1024 (1.03-1.79x the
+    interim path at the six such anchor configs; 0.90-0.97x at n 1536 and 2048), dW1 on K7 where
+    n <= 256 (_dw1_on_k7). Token rounding's buffers (partial_rows) keep the interim path
     (rows past offsets[E] are outside every group there), as K5's cooperative tiles read every
     row by TMA. Under torch.compile the interim path cannot stay: Inductor stores the gathered
     copy K-contiguous, where torch._grouped_mm needs every group's row count to be a multiple of
@@ -114,7 +121,9 @@ def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_id
         dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True)
     elif need_w2:  # interim (K5): gathered copy of dO
         dw2 = torch._grouped_mm(d_out[gather_idx.long()].t(), a_scaled, offs=ends)
-    if need_w1:  # interim (K7): gathered copy of x
+    if need_w1 and _dw1_on_k7(w2.shape[2], partial_rows):
+        dw1 = weight_grad(d_h, x, offsets, gather_idx, False)
+    elif need_w1:  # interim (K7): gathered copy of x
         dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends)
     return dx_rows, dw1, dw2, d_row_score
 
