@@ -102,19 +102,21 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
       default: return sm90::run_varlen_grouped_gemm_kn(params);  // kVarlenPingpong128x128x64
     }
   }
-  switch (params.config) {
+  // Token rounding's buffers (partial_rows) run on the varlen kernels only (check_grouped_gemm);
+  // auto keeps them on ping-pong.
+  GemmTileConfig config = params.config;
+  if (config == GemmTileConfig::kAuto)
+    config = params.partial_rows
+                 ? GemmTileConfig::kVarlenPingpong128x128x64
+                 : choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
+  switch (config) {
+    case GemmTileConfig::kVarlenPingpong128x128x64: return sm90::run_varlen_grouped_gemm(params);
     case GemmTileConfig::kVarlenCooperative128x256x64:
       return sm90::run_varlen_grouped_gemm_cooperative_128x256(params);
     case GemmTileConfig::kVarlenCooperative256x128x64:
       return sm90::run_varlen_grouped_gemm_cooperative_256x128(params);
-    default: break;
+    default: return dispatch(PtrArrayGemmTileConfigs{}, config, params);
   }
-  if (params.partial_rows) return sm90::run_varlen_grouped_gemm(params);
-  GemmTileConfig config = params.config;
-  if (config == GemmTileConfig::kAuto)
-    config = choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
-  if (config == GemmTileConfig::kVarlenPingpong128x128x64) return sm90::run_varlen_grouped_gemm(params);
-  return dispatch(PtrArrayGemmTileConfigs{}, config, params);
 }
 
 }  // namespace sonicmoe

@@ -11,7 +11,6 @@ namespace sonicmoe::sm90 {
 
 inline GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_t k,
                                                  int num_experts) {
-  (void)n_out;
   const int64_t rows_per_expert = num_experts > 0 ? m_total / num_experts : m_total;
   // Experts with few rows would waste most of a 128-row tile.
   if (rows_per_expert <= 64) return GemmTileConfig::kPingpong64x128x128;
@@ -20,7 +19,13 @@ inline GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out,
   // Our varlen kernel beats the ptr-array ones at a short K loop (paper-7b-n256, k = 256:
   // 420 vs 450 µs) and with few rows per expert over many experts (deepseek-v3, 512 rows x 256
   // experts: 7238 vs 8558 µs); the ptr-array ping-pong tile wins by 2-11% elsewhere.
-  if (k <= 256 || rows_per_expert <= 512) return GemmTileConfig::kVarlenPingpong128x128x64;
+  if (k <= 256) return GemmTileConfig::kVarlenPingpong128x128x64;
+  // Few rows per expert into a wide output: the cooperative 128 x 256 tile reads each A row once
+  // per 256 columns. deepseek-v3 (512 rows, n_out 7168; session 12, call 2): 604 TF against
+  // ping-pong's 570 with balanced groups, and 7064-7092 against 7494-7524 µs on top-K routing.
+  if (rows_per_expert <= 512)
+    return n_out >= 4096 && n_out % 256 == 0 ? GemmTileConfig::kVarlenCooperative128x256x64
+                                             : GemmTileConfig::kVarlenPingpong128x128x64;
   return GemmTileConfig::kPingpong128x128x64;
 }
 

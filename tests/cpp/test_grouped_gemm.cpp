@@ -116,6 +116,18 @@ TEST(GroupedGemmHost, heuristic_picks_a_concrete_config) {
   }
 }
 
+TEST(GroupedGemmHost, heuristic_takes_the_wide_varlen_tile_for_few_rows_into_a_wide_output) {
+  using sonicmoe::sm90::choose_grouped_gemm_config;
+  constexpr auto kWide = GemmTileConfig::kVarlenCooperative128x256x64;
+  constexpr auto kVarlenPingpong = GemmTileConfig::kVarlenPingpong128x128x64;
+  EXPECT_EQ(choose_grouped_gemm_config(131072, 7168, 2048, 256), kWide);            // deepseek-v3: 512 rows
+  EXPECT_EQ(choose_grouped_gemm_config(131072, 2048, 2048, 256), kVarlenPingpong);  // narrow output
+  EXPECT_EQ(choose_grouped_gemm_config(131072, 7176, 2048, 256), kVarlenPingpong);  // not in 256s
+  EXPECT_EQ(choose_grouped_gemm_config(196608, 1536, 256, 128), kVarlenPingpong);   // paper-7b-n256: k 256
+  EXPECT_EQ(choose_grouped_gemm_config(262144, 4096, 1536, 128), GemmTileConfig::kPingpong128x128x64);  // qwen3-235b
+  EXPECT_EQ(choose_grouped_gemm_config(4096, 4096, 1024, 128), GemmTileConfig::kPingpong64x128x128);    // 32 rows
+}
+
 TEST(GroupedGemmHost, kn_heuristic_takes_the_wide_tile_only_where_it_measured_faster) {
   using sonicmoe::sm90::choose_grouped_gemm_kn_config;
   constexpr auto kWide = GemmTileConfig::kVarlenCooperative128x256x64;
