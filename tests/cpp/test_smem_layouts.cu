@@ -1,11 +1,13 @@
-// The shared-memory offsets the gathering cp.async producer computes by hand
-// (VarlenMainloop::gather_offset, K1/K4) against CuTe's swizzled layouts, which
+// The shared-memory offsets the gathering cp.async producers compute by hand
+// (VarlenMainloop::gather_offset, K1/K4; VarlenKMainloop::copy_offset, K5/K7) against CuTe's
+// swizzled layouts, which
 // WGMMA and TMA use: checked on the host, so a change of tile shape or layout that breaks the
 // hand-derived formulas fails here rather than as wrong numbers on the GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
+#include "sm90/collective/varlen_k_mainloop_sm90.cuh"
 #include "sm90/collective/varlen_mainloop_sm90.cuh"
 
 namespace {
@@ -42,6 +44,30 @@ TEST(SmemLayouts, gather_offsets_of_the_varlen_mainloop) {
   expect_gather_offsets_match<VarlenMainloop<256, 128, 64, 4, /*gather=*/true, true, /*consumers=*/2>>();
   expect_gather_offsets_match<VarlenMainloop<128, 256, 64, 4, /*gather=*/true, true, /*consumers=*/2>>();
   expect_gather_offsets_match<VarlenMainloop<128, 128, 64, 6, /*gather=*/true, /*k_major_b=*/false>>();
+}
+
+// Varlen K: the copied operands are MN-major (column, sorted row, stage), 128 columns wide.
+template <class Mainloop, class Layout>
+void expect_copy_offsets_match(int columns) {
+  ASSERT_EQ(columns, 128);
+  const int64_t stage_bytes = int64_t(columns) * Mainloop::kTileK * sizeof(Element);
+  for (int stage = 0; stage < 2; ++stage)
+    for (int t = 0; t < Mainloop::kProducerThreads; ++t)
+      for (int j = 0; j < Mainloop::kPasses; ++j) {
+        const int row0 = t / Mainloop::kChunks, chunk = t % Mainloop::kChunks;
+        const int64_t want = stage * stage_bytes + Mainloop::copy_offset(row0, chunk) + int64_t(j) * Mainloop::kPassBytes;
+        ASSERT_EQ(byte_offset<Layout>(chunk * 8, row0 + j * Mainloop::kRowsPerPass, stage), want)
+            << "thread " << t << " pass " << j << " stage " << stage;
+      }
+}
+
+TEST(SmemLayouts, copy_offsets_of_the_varlen_k_mainloop) {
+  using namespace sonicmoe::sm90;
+  using Pingpong = VarlenKMainloop<128, 128, 64, 6, /*gather_a=*/true, /*tma_dense=*/false>;
+  expect_copy_offsets_match<Pingpong, Pingpong::SmemLayoutA>(128);
+  expect_copy_offsets_match<Pingpong, Pingpong::SmemLayoutB>(128);
+  using Cooperative = VarlenKMainloop<128, 256, 64, 4, /*gather_a=*/true, /*tma_dense=*/true, /*consumers=*/2>;
+  expect_copy_offsets_match<Cooperative, Cooperative::SmemLayoutA>(128);
 }
 
 }  // namespace

@@ -102,70 +102,101 @@ struct VarlenKMainloop {
     if constexpr (kTmaDense) cute::prefetch_tma_descriptor(&p.tma_dense);
   }
 
-  // Producer side of one tile (all 128 producer threads). Thread t copies chunk t % 16 (8
-  // columns) of sorted rows t / 16 + 8 j, j < 8, of the gathered operand (and of the other one
-  // too without kTmaDense; both are 128 wide then) in every stage.
+  // Copy geometry: thread t copies 16-byte chunk t % 16 (8 columns) of sorted rows t / 16 + 8 j,
+  // j < 8, of each copied operand (128 wide) in every stage.
+  static constexpr int kChunks = 128 / 8;  // 16-byte chunks per row of a 128-wide operand
+  static constexpr int kRowsPerPass = kProducerThreads / kChunks;
+  static constexpr int kPasses = kTileK / kRowsPerPass;
+  static_assert(kRowsPerPass == 8, "a pass fills one 8-row band of swizzle atoms");
+  static constexpr uint32_t kPassBytes = 1024;  // one 64 x 8 atom: the next 8 rows, same XOR pattern
+
+  // Byte offset in a stage of a 128-wide MN-major operand of chunk c (columns 8c..8c+7) of row
+  // r < 8, as SmemLayoutA / B place it: 64 x 8 atoms of 1024 bytes, k-atoms first (kTileK / 8
+  // of them per 64 columns), each row 128 bytes, and the 128-byte swizzle (byte address bits
+  // [4, 7) ^= bits [7, 10)) puts chunk c % 8 of row r at chunk (c % 8) ^ r. Pass j adds j
+  // atoms, which leaves bits [4, 10) alone. One offset per thread replaces per-copy swizzle
+  // math on 64-bit pointers: the producer was issue-bound on it (session 12's ncu, K7: ~295
+  // instructions per stage and warp, the consumers waiting on full stages 45% of the time).
+  static constexpr uint32_t copy_offset(int r, int c) {
+    return (c / 8) * (kTileK / 8) * 1024 + r * 128 + (((c % 8) ^ r) * 16);
+  }
+
+  // Producer side of one tile (all 128 producer threads).
   template <class Tile, class BoxRows>
   static __device__ void load(const Params& p, SharedStorage& s, Barriers& bar, const Tile& tile,
                               const BoxRows&, int& iteration, int thread_idx) {
     using namespace cute;
-    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemLayoutB{});
-    constexpr int kChunks = kGatherCols / 8;                // 16-byte chunks per row and operand
-    constexpr int kRowsPerPass = kProducerThreads / kChunks;
-    constexpr int kPasses = kTileK / kRowsPerPass;
+    constexpr uint32_t kStageBytesA = kTileM * kTileK * sizeof(Element);
+    constexpr uint32_t kStageBytesB = kTileN * kTileK * sizeof(Element);
     const int chunk = thread_idx % kChunks;
+    const int row0 = thread_idx / kChunks;  // row within a pass
+    // Per operand, set once per tile: the 16-byte column chunk's address in row 0 (column
+    // chunks past the output's edge point at column 0 and copy nothing), the row pitch in bytes
+    // and the shared-memory destination in stage 0.
     const int col_a = tile.m_block * kTileM + chunk * 8, col_b = tile.n_block * kTileN + chunk * 8;
     const bool col_a_ok = col_a < p.m_out, col_b_ok = col_b < p.n_out;
+    const char* src_a = reinterpret_cast<const char*>(p.a + (col_a_ok ? col_a : 0));
+    const char* src_b = reinterpret_cast<const char*>(p.b + (col_b_ok ? col_b : 0));
+    const uint32_t pitch_a = p.m_out * sizeof(Element), pitch_b = p.n_out * sizeof(Element);
+    const uint32_t dst_a = cute::cast_smem_ptr_to_uint(s.a) + copy_offset(row0, chunk);
+    const uint32_t dst_b = cute::cast_smem_ptr_to_uint(s.b) + copy_offset(row0, chunk);
+    // The dense operand without TMA is read at sorted row k_start + row0 + 8 j of each step;
+    // rows past the expert's end point at its column chunk in row 0 and copy nothing.
+    const uint32_t dense_pitch = kGatherA ? pitch_b : pitch_a, gather_pitch = kGatherA ? pitch_a : pitch_b;
+    const char* dense_col = kGatherA ? src_b : src_a;
+    const char* dense = dense_col + int64_t(tile.k_start + row0) * dense_pitch;
+    const bool dense_col_ok = kGatherA ? col_b_ok : col_a_ok;
+    const char* gather_src = kGatherA ? src_a : src_b;
+    const bool gather_col_ok = kGatherA ? col_a_ok : col_b_ok;
+    const int32_t* idx = p.gather_idx + tile.k_start + row0;
 
     // The rows of a k step are gather_idx entries: load them one step ahead, so their latency
     // hides behind the previous step's copies (loaded in the step itself, each stage waited ~8
     // dependent L2 round trips: ncu showed the producer stalled on L1TEX at ~13% SM throughput).
+    // Rows past the expert's end take token 0 and copy nothing.
     int tokens[kPasses], next_tokens[kPasses];
     auto load_tokens = [&](int kt, int (&out)[kPasses]) {
+      const int rows_left = tile.k_rows - kt * kTileK - row0;
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kPasses; ++j) {
-        const int local = kt * kTileK + thread_idx / kChunks + j * kRowsPerPass;
-        out[j] = local < tile.k_rows ? __ldg(p.gather_idx + tile.k_start + local) : 0;
-      }
+      for (int j = 0; j < kPasses; ++j) out[j] = j * kRowsPerPass < rows_left ? __ldg(idx + kt * kTileK + j * kRowsPerPass) : 0;
     };
     const int num_k_tiles = k_tiles(p, tile);
     load_tokens(0, tokens);
     for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
       const int stage = iteration % kStages;
       if (kt + 1 < num_k_tiles) load_tokens(kt + 1, next_tokens);
+      const int rows_left = tile.k_rows - kt * kTileK - row0;
       bool bad = false;  // only the expert's rows are checked: the others hold a 0 never read
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kPasses; ++j) {
-        const bool row_ok = kt * kTileK + thread_idx / kChunks + j * kRowsPerPass < tile.k_rows;
-        bad |= row_ok && (tokens[j] < 0 || tokens[j] >= p.gather_src_rows);
-      }
+      for (int j = 0; j < kPasses; ++j)
+        bad |= j * kRowsPerPass < rows_left && static_cast<uint32_t>(tokens[j]) >= static_cast<uint32_t>(p.gather_src_rows);
       if (bad) __trap();  // a token out of range; no printf: see the kernel
       cutlass::arch::ClusterBarrier::wait(&bar.empty[stage], ((iteration / kStages) & 1) ^ 1);
       if constexpr (kTmaDense) {
         if (thread_idx == 0) {
           constexpr uint64_t kCacheHint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bar.full[stage], kBytesDense);
-          Element* dense = kGatherA ? s.b + stage * kTileN * kTileK : s.a + stage * kTileM * kTileK;
+          Element* dense_smem = kGatherA ? s.b + stage * kTileN * kTileK : s.a + stage * kTileM * kTileK;
           const int col0 = kGatherA ? tile.n_block * kTileN : tile.m_block * kTileM;
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < kDenseCols / kBoxCols; ++i) {
-            SM90_TMA_LOAD_2D::copy(&p.tma_dense, &bar.full[stage], kCacheHint, dense + i * kBoxCols * kTileK,
+            SM90_TMA_LOAD_2D::copy(&p.tma_dense, &bar.full[stage], kCacheHint, dense_smem + i * kBoxCols * kTileK,
                                    col0 + i * kBoxCols, tile.k_start + kt * kTileK);
           }
         }
       }
+      const uint32_t gather_dst = (kGatherA ? dst_a + stage * kStageBytesA : dst_b + stage * kStageBytesB);
+      const uint32_t dense_dst = (kGatherA ? dst_b + stage * kStageBytesB : dst_a + stage * kStageBytesA);
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kPasses; ++j) {
-        const int k = thread_idx / kChunks + j * kRowsPerPass;  // row within the stage
-        const bool row_ok = kt * kTileK + k < tile.k_rows;
-        const int row = tile.k_start + kt * kTileK + k;
-        const int a_row = kGatherA ? tokens[j] : row, b_row = kGatherA ? row : tokens[j];
-        const bool a_ok = row_ok && col_a_ok, b_ok = row_ok && col_b_ok;
-        if (kGatherA || !kTmaDense)
-          cp_async_16_zfill(&sA(chunk * 8, k, stage), a_ok ? p.a + int64_t(a_row) * p.m_out + col_a : p.a, a_ok);
-        if (!kGatherA || !kTmaDense)
-          cp_async_16_zfill(&sB(chunk * 8, k, stage), b_ok ? p.b + int64_t(b_row) * p.n_out + col_b : p.b, b_ok);
+        const bool row_ok = j * kRowsPerPass < rows_left;
+        cp_async_16_zfill(gather_dst + j * kPassBytes,
+                          gather_src + static_cast<uint64_t>(static_cast<uint32_t>(tokens[j])) * gather_pitch,
+                          row_ok && gather_col_ok);
+        if constexpr (!kTmaDense) {
+          const char* row = dense + int64_t(kt * kTileK + j * kRowsPerPass) * dense_pitch;
+          cp_async_16_zfill(dense_dst + j * kPassBytes, row_ok ? row : dense_col, row_ok && dense_col_ok);
+        }
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(&bar.full[stage]);
       CUTLASS_PRAGMA_UNROLL
