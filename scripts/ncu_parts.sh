@@ -6,17 +6,32 @@
 # the counters with --clock-control none: the clocks are left alone, as for every timing).
 # Writes $OUT/ncu-OP-CONFIG.ncu-rep and a text copy of its details page beside it.
 #   bash scripts/ncu_parts.sh backward_kernels K4_down_proj_grad,K6_grouped_gemm_kn qwen3-30b-a3b
+# With --source first: per-instruction warp stall samples and execution counts instead, as
+# $OUT/ncu-source-OP-CONFIG.csv, summarised by scripts/ncu_stalls.py (where each kernel's samples
+# go, and how many instructions a warp issues per loop pass).
+#   bash scripts/ncu_parts.sh --source backward_kernels K7_co_m256 olmoe-1b-7b
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: $0 OP PARTS [CONFIG]" >&2; exit 2; }
+source=0
+if [ "${1:-}" = --source ]; then source=1; shift; fi
+[ $# -ge 2 ] || { echo "usage: $0 [--source] OP PARTS [CONFIG]" >&2; exit 2; }
 op=$1 parts=$2 config=${3:-qwen3-30b-a3b}
 OUT=${OUT:-ncu-out}
 mkdir -p "$OUT"
-report="$OUT/ncu-$op-$config"
-ncu --clock-control none --profile-from-start off -f -o "$report" \
-  --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-  --section WarpStateStats --section LaunchStats --section Occupancy --section SourceCounters \
+if [ $source = 1 ]; then
+  report="$OUT/ncu-source-$op-$config"
+  sections=(--section WarpStateStats --section SourceCounters --section InstructionStats)
+else
+  report="$OUT/ncu-$op-$config"
+  sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis
+            --section WarpStateStats --section LaunchStats --section Occupancy --section SourceCounters)
+fi
+ncu --clock-control none --profile-from-start off -f -o "$report" "${sections[@]}" \
   python3 benchmarks/bench.py --out "$OUT/bench" --ops "$op" --parts "$parts" --configs "$config" --profile
+if [ $source = 1 ]; then
+  ncu --import "$report.ncu-rep" --page source --csv --print-source sass >"$report.csv"
+  exec python3 scripts/ncu_stalls.py "$report.csv"
+fi
 ncu --import "$report.ncu-rep" --page details >"$report.txt"
 grep -E "^  [a-z_]|Duration|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Registers Per Thread" \
   "$report.txt" | cut -c1-140 || true

@@ -1,10 +1,10 @@
 """Summarises an Nsight Compute source page (`ncu --import R.ncu-rep --page source --csv
---print-source sass`, as scripts/ncu_source.sh writes it): per kernel, the warp stall samples
+--print-source sass`, as `scripts/ncu_parts.sh --source` writes it): per kernel, the warp stall samples
 by reason, the runs of consecutive instructions that executed equally often (a loop body or a
 branch's block: its length is the instructions one warp issues per pass), and the instructions
 holding the most samples.
 
-    python3 scripts/ncu_stalls.py ncu-out/ncu-source-K7_co_m256-olmoe-1b-7b.csv [--top 30]
+    python3 scripts/ncu_stalls.py ncu-out/ncu-source-backward_kernels-olmoe-1b-7b.csv [--top 30]
 """
 import argparse
 import collections
