@@ -217,6 +217,18 @@ def kept_mib(fn):
     return kept / 2**20
 
 
+def step_peak_mib(step):
+    """Peak device memory above what was allocated before one training step (forward and
+    backward, the parameters' gradients included), MiB: the step's transient memory, such as
+    the gathered copies of x and dO the eager weight gradients may take."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def bench_moe_backward(name, cfg, anchor_rows):
     """Training step pieces: forward, forward + backward (backward = their difference, same run),
     and the memory kept after the forward, for sonicmoe.moe and the torch._grouped_mm layer."""
@@ -247,6 +259,9 @@ def bench_moe_backward(name, cfg, anchor_rows):
         row[f"{impl}_bwd_tflops"] = (fwd_bwd - fwd) / bwd_ms / 1e9
         row[f"{impl}_fwd_bwd_tflops"] = fwd_bwd / ms[f"{impl}_fwd_bwd"] / 1e9
         row[f"{impl}_kept_MiB"] = kept_mib(layer)
+        for t in params:
+            t.grad = None
+        row[f"{impl}_step_peak_MiB"] = step_peak_mib(fns[f"{impl}_fwd_bwd"])
         for t in params:
             t.grad = None
     up = upstream_anchor(anchor_rows, name)
@@ -553,7 +568,7 @@ def main():
         bwd_rows = per_config(names, lambda name: bench_moe_backward(name, configs[name], anchors["rows"]),
                               out / "moe_backward.json")
         print(f"{'config':<18}{'bwd':>8}{'torch':>8}{'up*':>8}{'fwd+bwd':>9}{'torch':>8}{'up*':>8}"
-              f"{'kept MiB':>10}{'torch':>9}{'up*':>9}")
+              f"{'kept MiB':>10}{'torch':>9}{'up*':>9}{'peak MiB':>10}{'torch':>9}")
         fmt = lambda v, w, p=1: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
         for r in bwd_rows:
             mark = COMPILED_MARK if r["upstream_impl"] == "sonicmoe-upstream-compiled" else ""
@@ -561,9 +576,11 @@ def main():
                   f"{fmt(r['upstream_bwd_tflops_anchor'], 8)}{fmt(r['sonicmoe_fwd_bwd_tflops'], 9)}"
                   f"{fmt(r['torch_grouped_mm_fwd_bwd_tflops'], 8)}{fmt(r['upstream_fwd_bwd_tflops_anchor'], 8)}"
                   f"{fmt(r['sonicmoe_kept_MiB'], 10, 0)}{fmt(r['torch_grouped_mm_kept_MiB'], 9, 0)}"
-                  f"{fmt(r['upstream_kept_MiB_anchor'], 9, 0)}")
+                  f"{fmt(r['upstream_kept_MiB_anchor'], 9, 0)}{fmt(r['sonicmoe_step_peak_MiB'], 10, 0)}"
+                  f"{fmt(r['torch_grouped_mm_step_peak_MiB'], 9, 0)}")
         print("(TFLOP/s: bwd = 12*T*K*d*n / (t_fwd+bwd - t_fwd), fwd+bwd = 18*T*K*d*n / t; kept = memory "
-              "allocated after the forward minus its output; *upstream SonicMoE from shared/anchors; "
+              "allocated after the forward minus its output; peak = a training step's peak above what was "
+              "allocated before it, the gradients included; *upstream SonicMoE from shared/anchors; "
               f"{COMPILED_MARK}: its torch.compile'd layer)\n")
     if "grouped_gemm" not in ops:
         return
