@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 command=$1
 shift
 stage=$(mktemp -d)
-extension() { ls python/sonicmoe/_C*.so 2>/dev/null | head -1; }
+extension() { ls python/sonicmoe/_C*.so 2>/dev/null | head -1 || true; }  # none yet on a fresh machine
 original=$(extension)
 [ -n "$original" ] && cp "$original" "$stage/original.so"
 
