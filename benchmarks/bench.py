@@ -304,7 +304,7 @@ def bench_backward_kernels(name, cfg, parts=None):
         **{f"K4_{short}": ((lambda t: lambda: down_proj_grad(d_out, w2, h, row_score, off, g, tile_config=t))(tile), gemm)
            for tile, short in VARLEN_TILES.items()},
         **{f"K6_{short}": ((lambda t: lambda: grouped_gemm_kn(d_h, w1, off, tile_config=t))(tile), 2 * gemm)
-           for tile, short in VARLEN_TILES.items() if short != "pp"},
+           for tile, short in VARLEN_TILES.items()},
         "K5_weight_grad_dw2": (lambda: weight_grad(d_out, a_scaled, off, g, True, tile_config=VARLEN_PP), gemm),
         "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False, tile_config=VARLEN_PP), 2 * gemm),
         "K5_co_n256": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),   # auto
@@ -472,10 +472,10 @@ KERNEL_TABLES = {
                         "pp = ping-pong 128x128, co_n256 / co_m256 = cooperative 128x256 / 256x128; "
                         "K2_auto = CUTLASS ptr-array; K1_no_h = K1 (auto) storing only A"),
     "backward_kernels": (bench_backward_kernels,
-                         ("K4_down_proj_grad", "K4_pp", "K4_co_n256", "K4_co_m256", "K6_grouped_gemm_kn", "K6_co_n256", "K6_co_m256",
+                         ("K4_down_proj_grad", "K4_pp", "K4_co_n256", "K4_co_m256", "K6_grouped_gemm_kn", "K6_pp", "K6_co_n256", "K6_co_m256",
                           "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
                           "gather_gmm_dw2", "gather_gmm_dw1"),
-                         "K4 = auto, K6 = ping-pong 128x128; _pp = ping-pong 128x128, _co_n256 / _co_m256 = cooperative "
+                         "K4, K6 = auto; _pp = ping-pong 128x128, _co_n256 / _co_m256 = cooperative "
                          "128x256 / 256x128; "
                          "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), gather_gmm = gathered copy + torch._grouped_mm"),
 }
