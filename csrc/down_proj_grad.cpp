@@ -36,6 +36,8 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   switch (config) {
     case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_down_proj_grad_cooperative_256x128(p);
     case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_down_proj_grad_cooperative_128x256(p);
+    case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
+      return sm90::run_down_proj_grad_cooperative_128x256_c2x1(p);
     default: return sm90::run_down_proj_grad(p);  // kVarlenPingpong128x128x64
   }
 }

@@ -62,9 +62,9 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
   if (layout < 0 || layout > 1) return value_rule("b_layout", layout, "must name a WeightLayout (0 NK, 1 KN)");
   if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
     return value_rule("config", config,
-                      "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 9");
+                      "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 10");
   if (p.partial_rows && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
-    return value_rule("config", config, "partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 9");
+    return value_rule("config", config, "partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 10");
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,
@@ -91,7 +91,7 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
 
   if (params.b_layout == WeightLayout::kKN) {
     const GemmTileConfig config = params.config == GemmTileConfig::kAuto
-                                      ? sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out,
+                                      ? sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out, params.k,
                                                                             params.num_experts)
                                       : params.config;
     switch (config) {
@@ -99,6 +99,8 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
         return sm90::run_varlen_grouped_gemm_kn_cooperative_128x256(params);
       case GemmTileConfig::kVarlenCooperative256x128x64:
         return sm90::run_varlen_grouped_gemm_kn_cooperative_256x128(params);
+      case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
+        return sm90::run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1(params);
       default: return sm90::run_varlen_grouped_gemm_kn(params);  // kVarlenPingpong128x128x64
     }
   }
@@ -115,6 +117,8 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
       return sm90::run_varlen_grouped_gemm_cooperative_128x256(params);
     case GemmTileConfig::kVarlenCooperative256x128x64:
       return sm90::run_varlen_grouped_gemm_cooperative_256x128(params);
+    case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
+      return sm90::run_varlen_grouped_gemm_cooperative_128x256_c2x1(params);
     default: return dispatch(PtrArrayGemmTileConfigs{}, config, params);
   }
 }

@@ -37,12 +37,16 @@ enum class GemmTileConfig : int {
   // gathered A row serves 256 output columns) or 256 x 128 (128 rows each).
   kVarlenCooperative128x256x64 = 8,
   kVarlenCooperative256x128x64 = 9,
+  // The 128 x 256 one in 2 x 1 clusters: the CTAs of a cluster run consecutive tiles and share
+  // B by TMA multicast where both need the same B (K1, K2, K4, K6; not the weight gradients).
+  kVarlenCooperative128x256x64C2x1 = 10,
 };
-constexpr int kNumGemmTileConfigs = 10;  // including kAuto
+constexpr int kNumGemmTileConfigs = 11;  // including kAuto
 
 // The varlen kernel's configurations (K1 runs on these only).
 constexpr bool is_varlen_config(GemmTileConfig c) {
   return c == GemmTileConfig::kVarlenPingpong128x128x64 || c == GemmTileConfig::kVarlenCooperative128x256x64 ||
+         c == GemmTileConfig::kVarlenCooperative128x256x64C2x1 ||
          c == GemmTileConfig::kVarlenCooperative256x128x64;
 }
 

@@ -29,10 +29,11 @@ Status run_up_proj(const UpProjParams& p) {
     return Status::error("up_proj: x, w1, expert_offsets, gather_idx and a must be non-null");
   if (!aligned16(p.x) || !aligned16(p.w1) || !aligned16(p.a) || (p.h != nullptr && !aligned16(p.h)))
     return Status::error("up_proj: x, w1, h and a must be 16-byte aligned");
-  const GemmTileConfig config = p.config == GemmTileConfig::kAuto ? sm90::choose_up_proj_config(p.n) : p.config;
+  const GemmTileConfig config = p.config == GemmTileConfig::kAuto ? sm90::choose_up_proj_config(p.n, p.d) : p.config;
   switch (config) {
     case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_up_proj_cooperative_128x256(p);
     case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_up_proj_cooperative_256x128(p);
+    case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return sm90::run_up_proj_cooperative_128x256_c2x1(p);
     default: return sm90::run_up_proj(p);  // kVarlenPingpong128x128x64
   }
 }

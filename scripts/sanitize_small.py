@@ -1,7 +1,9 @@
 """One small forward + backward of sonicmoe.moe on the kernels, for compute-sanitizer (memcheck,
 racecheck): top-K with an all-but-empty expert and ragged counts, then token rounding (tile 64,
-upper-bound buffers), at n 384 and at n 256 (where eager dW1 runs on K7). scripts/h200_check.sh
-runs it under both tools; on its own:
+upper-bound buffers), at n 384 and at n 256 (where eager dW1 runs on K7); then K1, K2, K4 and K6
+on the 2 x 1 clustered tile (auto takes it only at d >= 3072), on ragged routing with an odd tile
+count (a pair's empty half) and on upper-bound buffers. scripts/h200_check.sh runs it under both
+tools; on its own:
 
     PYTHONPATH=python compute-sanitizer --tool racecheck python3 scripts/sanitize_small.py
 """
@@ -31,3 +33,30 @@ for n in (384, 256):
         print(f"n {n}", routing, "out, dx, drouter, dw1, dw2 norms:", " ".join(f"{v:.4g}" for v in norms))
         for t in (x, router, w1, w2):
             t.grad = None
+
+# The clustered tile (varlen_cooperative_128x256x64_c2x1) directly: expert 3 all but empty, ragged
+# counts over 8 experts; n 384 makes an odd number of 256-column blocks.
+from sonicmoe._ops import device_routing_metadata, down_proj_grad, grouped_gemm_kn  # noqa: E402
+
+C2X1 = "varlen_cooperative_128x256x64_c2x1"
+n = 384
+w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16()
+w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16()
+_, experts = sonicmoe.router_topk(torch.randn(T, E, device="cuda") - 4.0 * (torch.arange(E, device="cuda") == 3),
+                                  K, "topk_softmax")
+meta = device_routing_metadata(experts, E)
+off, g = meta.expert_offsets, meta.gather_idx
+for partial in (False, True):
+    if partial:  # upper-bound buffers: 40 rows past offsets[E], left unwritten
+        g = torch.cat([g, torch.zeros(40, dtype=g.dtype, device="cuda")])
+    h, a = sonicmoe.up_proj(x.detach(), w1, off, g, partial_rows=partial, tile_config=C2X1)
+    y = sonicmoe.grouped_gemm(a, w2, off, tile_config=C2X1, partial_rows=partial)
+    d_out = torch.randn(T, d, device="cuda").bfloat16()
+    d_h, a_scaled, d_s = down_proj_grad(d_out, w2, h, torch.rand(g.shape[0], device="cuda"), off, g,
+                                        partial_rows=partial, tile_config=C2X1)
+    dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=C2X1)
+    torch.cuda.synchronize()
+    rows = int(off[-1])  # ok-host: a test script
+    norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows)]
+    print("c2x1", "partial_rows" if partial else "exact rows", "h, a, y, d_h, a', dS, dx~ norms:",
+          " ".join(f"{v:.4g}" for v in norms))

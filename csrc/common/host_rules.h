@@ -35,7 +35,7 @@ std::string check_expert_mlp_dims(const char* op, const Params& p) {
   if (p.sm_count < 1) return rule_message(op, "sm_count", p.sm_count, "must be >= 1");
   if (p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
     return rule_message(op, "config", static_cast<int>(p.config),
-                        "must be 0 (auto) or a varlen configuration (7 to 9)");
+                        "must be 0 (auto) or a varlen configuration (7 to 10)");
   return {};
 }
 

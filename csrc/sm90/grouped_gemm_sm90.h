@@ -18,26 +18,31 @@ Status run_grouped_gemm(const GroupedGemmParams& params);
 
 // K2 on our varlen kernel (GemmTileConfig::kVarlenPingpong128x128x64); needs no workspace.
 Status run_varlen_grouped_gemm(const GroupedGemmParams& params);
-// The same with both consumer warpgroups on one tile (kVarlenCooperative128x256x64, 256x128x64).
+// The same with both consumer warpgroups on one tile (kVarlenCooperative128x256x64, 256x128x64,
+// and the 128 x 256 one in 2 x 1 clusters: kVarlenCooperative128x256x64C2x1).
 Status run_varlen_grouped_gemm_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_256x128(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_cooperative_128x256_c2x1(const GroupedGemmParams& params);
 
 // K6 layout: out = a @ b[e], b (E, k, n_out) (WeightLayout::kKN), on the varlen kernel, one
 // per varlen configuration.
 Status run_varlen_grouped_gemm_kn(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_256x128(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1(const GroupedGemmParams& params);
 
 // K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed, one per varlen
 // configuration (a 256-column tile writes two 128-column score slots).
 Status run_down_proj_grad(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_256x128(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_128x256(const DownProjGradParams& params);
+Status run_down_proj_grad_cooperative_128x256_c2x1(const DownProjGradParams& params);
 
 // K1 (run_up_proj of sonicmoe.h) once the host rules have passed, one per varlen configuration.
 Status run_up_proj(const UpProjParams& params);
 Status run_up_proj_cooperative_128x256(const UpProjParams& params);
 Status run_up_proj_cooperative_256x128(const UpProjParams& params);
+Status run_up_proj_cooperative_128x256_c2x1(const UpProjParams& params);
 
 // K5 / K7 (run_weight_grad of sonicmoe.h) once the host rules have passed: ping-pong 128 x 128,
 // or cooperative with the gathered side 128 wide (128 x 256 gathering A, 256 x 128 gathering B).

@@ -9,6 +9,14 @@
 
 namespace sonicmoe::sm90 {
 
+// 2 x 1 clusters (kVarlenCooperative128x256x64C2x1: B multicast to both CTAs of a pair of
+// consecutive tiles) pay where the K loop is long: the pair runs in lockstep, and its per-tile
+// costs are spread over k / 64 steps. On the H200 (session 13, call 3; two rounds each) K4 on the
+// cooperative 128 x 256 tile ran 11% faster clustered at deepseek-v3 (k 7168), K1 4.5% there and
+// 2% at qwen3-235b-a22b (k 4096), K6 1-3.5% at k 3072 and 4096; at k 2048 (olmoe-1b-7b,
+// qwen3-30b-a3b) K1, K2 and K6 ran 0-5% slower clustered.
+constexpr int64_t kClusterMinK = 3072;
+
 inline GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_t k,
                                                  int num_experts) {
   const int64_t rows_per_expert = num_experts > 0 ? m_total / num_experts : m_total;
@@ -29,32 +37,42 @@ inline GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out,
   return GemmTileConfig::kPingpong128x128x64;
 }
 
-// K6 (dX~ = dH @ w1[e], w1 read N-major): cooperative 128 x 256 where the output is wide and
-// experts hold many rows. On the H200 (session 5, run 2) it ran 3-7% faster than ping-pong
+// K6 (dX~ = dH @ w1[e], w1 read N-major, k = 2n): cooperative 128 x 256 where the output is wide
+// and experts hold many rows. On the H200 (session 5, run 2) it ran 3-7% faster than ping-pong
 // 128 x 128 at d 4096 with 2048 rows per expert and 11% at olmoe (d 2048, 4096 rows), but 1.5%
-// slower at qwen3-30b (d 2048, 2048 rows), 7% at deepseek-v3 (512 rows) and 1% at d 1536.
-inline GemmTileConfig choose_grouped_gemm_kn_config(int64_t m_total, int64_t n_out, int num_experts) {
+// slower at qwen3-30b (d 2048, 2048 rows) and 1% at d 1536. With a long K loop, clustered
+// (kClusterMinK): at deepseek-v3 (512 rows, k 4096), where ping-pong had won in session 5, the
+// clustered tile ran 8-9% faster than ping-pong in session 13 (call 3), 1% faster than the
+// unclustered one at qwen3-235b-a22b (2048 rows, k 3072).
+inline GemmTileConfig choose_grouped_gemm_kn_config(int64_t m_total, int64_t n_out, int64_t k, int num_experts) {
   const int64_t rows_per_expert = num_experts > 0 ? m_total / num_experts : m_total;
-  const bool wide = n_out % 256 == 0 && rows_per_expert >= 1024 && (n_out >= 4096 || rows_per_expert >= 4096);
+  if (n_out % 256 != 0) return GemmTileConfig::kVarlenPingpong128x128x64;
+  if (k >= kClusterMinK && n_out >= 4096 && rows_per_expert >= 512) return GemmTileConfig::kVarlenCooperative128x256x64C2x1;
+  const bool wide = rows_per_expert >= 1024 && (n_out >= 4096 || rows_per_expert >= 4096);
   return wide ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenPingpong128x128x64;
 }
 
 // K1's tile: cooperative 128 x 256 (a gathered x row serves 128 gate and 128 up columns, half
 // the gather work per FLOP) where n fills its 128-column halves; it measured 1-46% faster than
 // ping-pong 128 x 128 on 7 of the 8 anchor configs (1.5% slower at paper-7b-n1024).
-// Otherwise ping-pong, whose 64-column halves waste less of a partial N block.
-inline GemmTileConfig choose_up_proj_config(int64_t n) {
-  return n % 128 == 0 ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenPingpong128x128x64;
+// Otherwise ping-pong, whose 64-column halves waste less of a partial N block. Clustered where the
+// K loop (d) is long (kClusterMinK).
+inline GemmTileConfig choose_up_proj_config(int64_t n, int64_t d) {
+  if (n % 128 != 0) return GemmTileConfig::kVarlenPingpong128x128x64;
+  return d >= kClusterMinK ? GemmTileConfig::kVarlenCooperative128x256x64C2x1
+                           : GemmTileConfig::kVarlenCooperative128x256x64;
 }
 
 // K4's tile: cooperative 128 x 256 (two score-gradient slots per tile) where n fills whole
 // 256-column tiles and the K loop (d) is long enough to cover its epilogue, which unlike
 // ping-pong's does not overlap a mainloop. On the H200 (session 11, calls 2-3) at d >= 4096 it
 // ran up to 8% faster than ping-pong 128 x 128 (the layer's backward +0.5% to +5%); at d <= 2048
-// it lost up to 10% in most runs (paper-7b, olmoe, qwen3-30b-a3b; layer -2% to +2%).
+// it lost up to 10% in most runs (paper-7b, olmoe, qwen3-30b-a3b; layer -2% to +2%). Clustered
+// there (d >= kClusterMinK).
 inline GemmTileConfig choose_down_proj_grad_config(int64_t n, int64_t d) {
-  return n % 256 == 0 && d >= 4096 ? GemmTileConfig::kVarlenCooperative128x256x64
-                                   : GemmTileConfig::kVarlenPingpong128x128x64;
+  if (n % 256 != 0 || d < 4096) return GemmTileConfig::kVarlenPingpong128x128x64;
+  return d >= kClusterMinK ? GemmTileConfig::kVarlenCooperative128x256x64C2x1
+                           : GemmTileConfig::kVarlenCooperative128x256x64;
 }
 
 // K5 / K7 (weight_grad): the cooperative tile whose gathered side is 128 wide (128 x 256 when A

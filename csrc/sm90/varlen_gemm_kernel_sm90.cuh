@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "cute/arch/cluster_sm90.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
@@ -21,7 +22,8 @@
 
 namespace sonicmoe::sm90 {
 
-template <class Mainloop_, class Epilogue_, class Scheduler_ = VarlenTileScheduler<Mainloop_::kTileM>>
+template <class Mainloop_, class Epilogue_,
+          class Scheduler_ = VarlenTileScheduler<Mainloop_::kTileM, Mainloop_::kClusterM>>
 struct VarlenGemmKernel {
   using Mainloop = Mainloop_;
   using Epilogue = Epilogue_;
@@ -29,6 +31,8 @@ struct VarlenGemmKernel {
   static constexpr int kTileM = Mainloop::kTileM;
   static constexpr int kTileN = Mainloop::kTileN;
   static constexpr bool kCooperative = Mainloop::kConsumers == 2;
+  static constexpr int kClusterM = Mainloop::kClusterM;  // launched in 2 x 1 clusters when 2
+  static_assert(kClusterM == 1 || kCooperative, "clusters only on cooperative tiles");
   static_assert(Mainloop::kConsumers == 1 || kCooperative, "one or two consumer warpgroups per tile");
   static constexpr int kThreads = 384;
   // The gathering producer holds row tokens and cp.async addresses; at 56 registers it spilled
@@ -84,7 +88,13 @@ struct VarlenGemmKernel {
       Mainloop::init_barriers(s.stage_barriers);
       Mainloop::prefetch_descriptors(p.mainloop);
     }
-    __syncthreads();
+    if constexpr (kClusterM > 1) {
+      // The peer's multicasts and releases land on this CTA's barriers: all initialised first.
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    } else {
+      __syncthreads();
+    }
 
     const int n_blocks = Epilogue::n_blocks(p.epilogue);
     Scheduler scheduler = Scheduler::make(p, n_blocks);
@@ -98,6 +108,7 @@ struct VarlenGemmKernel {
                        Epilogue::b_rows(p.epilogue, tile), iteration, thread_in_warpgroup);
       }
       Mainloop::load_tail();
+      if (thread_in_warpgroup == 0) Mainloop::drain(s.stage_barriers, iteration);
       return;
     }
 

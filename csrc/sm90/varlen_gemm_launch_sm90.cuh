@@ -93,7 +93,10 @@ Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, in
 }
 
 // Fills the routing fields of params and launches the persistent grid on `stream`: one CTA
-// per SM, or per tile where there are fewer tiles (at most max_tiles).
+// per SM, or per tile where there are fewer tiles (at most max_tiles). A kernel of 2 x 1
+// clusters gets an even grid of at most as many clusters as can be resident at once (the
+// SMs of a GPC pair up, so an odd GPC leaves one SM out) and as there are pairs of tiles
+// (max_tiles / 2).
 template <class Kernel>
 Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_offsets,
                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
@@ -102,11 +105,33 @@ Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_
   params.expert_offsets = expert_offsets;
   params.num_experts = num_experts;
   params.m_total = static_cast<int>(m_total);
-  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sm_count, max_tiles)));
   auto* kernel = &varlen_gemm_kernel<Kernel>;
   SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(Kernel::kSmemBytes)));
-  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  constexpr int kClusterM = Kernel::kClusterM;
+  if constexpr (kClusterM == 1) {
+    const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sm_count, max_tiles)));
+    kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
+  } else {
+    cudaLaunchConfig_t config{};
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kClusterM;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.blockDim = dim3(Kernel::kThreads);
+    config.dynamicSmemBytes = Kernel::kSmemBytes;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    config.gridDim = dim3(static_cast<unsigned>(kClusterM * (sm_count / kClusterM)));
+    int resident = 0;
+    SONICMOE_CUDA_TRY(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+    if (resident < 1) return Status::error("grouped GEMM: no 2 x 1 cluster of this kernel fits on the device");
+    const int64_t units = max_tiles / kClusterM;  // pairs
+    config.gridDim = dim3(static_cast<unsigned>(kClusterM * std::max<int64_t>(1, std::min<int64_t>(resident, units))));
+    SONICMOE_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, params));
+  }
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
 }
@@ -119,7 +144,9 @@ Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert
   const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
   return launch_persistent<Kernel>(params, expert_offsets, m_total, num_experts, sm_count, stream,
                                    rows_end_early,
-                                   varlen_max_tiles(m_total, num_experts, Kernel::kTileM, n_blocks));
+                                   // a cluster's pairs, each of kClusterM tiles
+                                   Kernel::kClusterM * varlen_max_tiles(m_total, num_experts,
+                                                                        Kernel::kTileM * Kernel::kClusterM, n_blocks));
 }
 
 // Varlen K (K5, K7): a fixed m_out x n_out output per expert, params.m_out set by the caller.
@@ -139,11 +166,14 @@ constexpr int kVarlenTileM = 128, kVarlenTileN = 128, kVarlenTileK = 64, kVarlen
 constexpr int kVarlenCooperativeStages = 4;
 
 // The varlen-M mainloop of a varlen configuration (tile_size.h).
+// kVarlenCooperative128x256x64C2x1 runs in 2 x 1 clusters sharing B (a wide tile's B is 2/3 of
+// its bytes).
 template <GemmTileConfig kConfig, bool kGatherA, bool kKMajorB>
 using VarlenMainloopFor =
     VarlenMainloop<gemm_tile_shape(kConfig).m, gemm_tile_shape(kConfig).n, kVarlenTileK,
                    gemm_tile_shape(kConfig).pingpong ? kVarlenStages : kVarlenCooperativeStages, kGatherA,
-                   kKMajorB, gemm_tile_shape(kConfig).pingpong ? 1 : 2>;
+                   kKMajorB, gemm_tile_shape(kConfig).pingpong ? 1 : 2,
+                   gemm_tile_shape(kConfig).cluster_m>;
 
 // out = a @ W on the varlen kernel: contiguous A by TMA, masked row stores. K2 reads the
 // weights K-major, b (E, n_out, k); K6 N-major, b (E, k, n_out). Each unit instantiates it for

@@ -6,6 +6,13 @@
 // expert by expert with the m block fastest (the CTAs that run together share B columns of one
 // expert, which stay in L2), and CTA b takes tiles b, b + gridDim.x, ... Every role of a CTA
 // (producer and both consumers) walks the same sequence; the walk reads each offset once per CTA.
+// With kClusterM = 2 (2 x 1 clusters sharing B by TMA multicast) the unit is a pair of
+// consecutive tiles of that order: cluster c takes pairs c, c + clusters, ..., and its CTA of
+// rank r tile 2 p + r. Both CTAs of a cluster so walk the same number of tiles. A pair within one
+// expert and n block (most pairs: m blocks are fastest) shares B (shares_b); one across an n
+// block's or an expert's end does not, and each CTA loads its own B. Only an odd tile count
+// leaves a pair without its second tile: that CTA gets the first tile's coordinates with no rows
+// (rows = 0), runs the pipeline (its peer's multicast needs it) and stores nothing.
 #pragma once
 
 #include <cstdint>
@@ -17,19 +24,24 @@ namespace sonicmoe::sm90 {
 struct VarlenTile {
   int expert;       // which expert's weight
   int row_start;    // first output row of the tile
-  int rows;         // valid output rows in the tile, 1..kTileM; rows past it belong to others
+  int rows;         // valid output rows in the tile, 0..kTileM (0: a cluster pair's empty half);
+                    // rows past it belong to others
   int m_block;      // within the expert
   int n_block;
   int k_start = 0;  // varlen K: the expert's first sorted row, the reduction's start
   int k_rows = 0;   // varlen K: the expert's rows, the reduction's length (0: all-zero tile)
+  bool shares_b = true;  // 2 x 1 clusters: both tiles of the pair need the same B
 };
 
-template <int kTileM>
+template <int kTileM, int kClusterM = 1>
 class VarlenTileScheduler {
+  static_assert(kClusterM == 1 || kClusterM == 2, "single CTAs or 2 x 1 clusters");
+
  public:
   __device__ VarlenTileScheduler(const int32_t* expert_offsets, int num_experts, int n_blocks)
       : offsets_(expert_offsets), num_experts_(num_experts), n_blocks_(n_blocks),
-        next_tile_(static_cast<int>(blockIdx.x)) {
+        rank_(static_cast<int>(blockIdx.x) % kClusterM),
+        next_tile_(static_cast<int>(blockIdx.x) - static_cast<int>(blockIdx.x) % kClusterM) {
     load_expert();
   }
 
@@ -40,16 +52,38 @@ class VarlenTileScheduler {
 
   // The next tile of this CTA, or false when it has none left.
   __device__ bool next(VarlenTile& tile) {
+    if constexpr (kClusterM == 1) {
+      return locate</*advance=*/true>(next_tile_, tile);
+    } else {
+      VarlenTile first, second;
+      if (!locate<false>(next_tile_, first)) return false;  // both CTAs stop at the same pair
+      int second_tile = next_tile_ + 1;
+      if (!locate<false>(second_tile, second)) {
+        second = first;
+        second.rows = 0;
+      }
+      tile = rank_ == 0 ? first : second;
+      tile.shares_b = first.expert == second.expert && first.n_block == second.n_block;
+      next_tile_ += static_cast<int>(gridDim.x);  // a pair per cluster, 2 tiles per pair
+      return true;
+    }
+  }
+
+ private:
+  // Tile f of the order above (then f += gridDim.x when kAdvance). The expert cursor only moves
+  // forward: f never decreases.
+  template <bool kAdvance>
+  __device__ bool locate(int& f, VarlenTile& tile) {
     while (expert_ < num_experts_) {
       const int m_blocks = (expert_end_ - expert_start_ + kTileM - 1) / kTileM;
-      const int local = next_tile_ - first_tile_of_expert_;
+      const int local = f - first_tile_of_expert_;
       if (local < m_blocks * n_blocks_) {
         tile.expert = expert_;
         tile.m_block = local % m_blocks;
         tile.n_block = local / m_blocks;
         tile.row_start = expert_start_ + tile.m_block * kTileM;
         tile.rows = min(kTileM, expert_end_ - tile.row_start);
-        next_tile_ += static_cast<int>(gridDim.x);
+        if constexpr (kAdvance) f += static_cast<int>(gridDim.x);
         return true;
       }
       first_tile_of_expert_ += m_blocks * n_blocks_;
@@ -59,7 +93,6 @@ class VarlenTileScheduler {
     return false;
   }
 
- private:
   __device__ void load_expert() {
     if (expert_ < num_experts_) {
       expert_start_ = expert_end_;
@@ -70,7 +103,8 @@ class VarlenTileScheduler {
   const int32_t* offsets_;
   int num_experts_;
   int n_blocks_;
-  int next_tile_;
+  int rank_;       // the CTA's rank in its cluster: which tile of a pair it runs
+  int next_tile_;  // with clusters, the pair's first tile
   int expert_ = 0;
   int first_tile_of_expert_ = 0;
   int expert_start_ = 0;  // offsets[0] is 0 (validated by the kernel's prologue)

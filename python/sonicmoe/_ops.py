@@ -24,6 +24,7 @@ GEMM_TILE_CONFIGS = {
     "varlen_pingpong_128x128x64": 7,
     "varlen_cooperative_128x256x64": 8,
     "varlen_cooperative_256x128x64": 9,
+    "varlen_cooperative_128x256x64_c2x1": 10,
 }
 
 

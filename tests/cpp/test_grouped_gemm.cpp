@@ -54,7 +54,7 @@ TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](GroupedGemmParams& p) { p.k = 0; }, "k = 0 breaks the rule"},
       {[](GroupedGemmParams& p) { p.n_out = 1530; }, "n_out = 1530 breaks the rule"},
       {[](GroupedGemmParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
-      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(10); }, "config = 10 breaks"},
+      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(11); }, "config = 11 breaks"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_grouped_gemm);
 }
@@ -132,13 +132,18 @@ TEST(GroupedGemmHost, kn_heuristic_takes_the_wide_tile_only_where_it_measured_fa
   using sonicmoe::sm90::choose_grouped_gemm_kn_config;
   constexpr auto kWide = GemmTileConfig::kVarlenCooperative128x256x64;
   constexpr auto kPingpong = GemmTileConfig::kVarlenPingpong128x128x64;
-  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4096, 128), kWide);    // qwen3-235b, paper-30b/120b
-  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 2048, 64), kWide);     // olmoe-1b-7b
-  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 2048, 128), kPingpong);  // qwen3-30b-a3b
-  EXPECT_EQ(choose_grouped_gemm_kn_config(131072, 7168, 256), kPingpong);  // deepseek-v3: 512 rows
-  EXPECT_EQ(choose_grouped_gemm_kn_config(196608, 1536, 128), kPingpong);  // paper-7b: d 1536
-  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4104, 128), kPingpong);  // n_out not in 256s
-  EXPECT_EQ(choose_grouped_gemm_kn_config(0, 4096, 0), kPingpong);
+  constexpr auto kClustered = GemmTileConfig::kVarlenCooperative128x256x64C2x1;
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4096, 3072, 128), kClustered);  // qwen3-235b: k 3072
+  EXPECT_EQ(choose_grouped_gemm_kn_config(131072, 7168, 4096, 256), kClustered);  // deepseek-v3: 512 rows, k 4096
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4096, 2048, 128), kWide);       // paper-120b: k 2048
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4096, 1024, 128), kWide);       // paper-30b: k 1024
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 2048, 2048, 64), kWide);        // olmoe-1b-7b
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 2048, 1536, 128), kPingpong);   // qwen3-30b-a3b
+  EXPECT_EQ(choose_grouped_gemm_kn_config(131072, 7168, 2048, 256), kPingpong);   // 512 rows, short k
+  EXPECT_EQ(choose_grouped_gemm_kn_config(32768, 7168, 4096, 256), kPingpong);    // 128 rows
+  EXPECT_EQ(choose_grouped_gemm_kn_config(196608, 1536, 512, 128), kPingpong);    // paper-7b: d 1536
+  EXPECT_EQ(choose_grouped_gemm_kn_config(262144, 4104, 4096, 128), kPingpong);   // n_out not in 256s
+  EXPECT_EQ(choose_grouped_gemm_kn_config(0, 4096, 4096, 0), kPingpong);
 }
 
 // ---------------------------------------------------------------- GPU: kernel vs CPU loop
@@ -260,7 +265,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmTileConfig::kPingpong128x128x64C1x1,
                       GemmTileConfig::kVarlenPingpong128x128x64,
                       GemmTileConfig::kVarlenCooperative128x256x64,
-                      GemmTileConfig::kVarlenCooperative256x128x64),
+                      GemmTileConfig::kVarlenCooperative256x128x64,
+                      GemmTileConfig::kVarlenCooperative128x256x64C2x1),
     [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
       return std::string(sonicmoe::gemm_tile_config_name(info.param));
     });

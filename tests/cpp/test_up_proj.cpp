@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/tile_size.h"
+#include "sm90/heuristics.h"
 #include "sonicmoe.h"
 #include "test_util.h"
 
@@ -73,6 +74,15 @@ TEST(UpProjHost, tile_bound_covers_any_routing) {
   EXPECT_EQ(sonicmoe::varlen_max_tiles(0, 4, 128, 3), 12);
   EXPECT_EQ(sonicmoe::varlen_max_tiles(129, 1, 128, 2), 6);
   EXPECT_EQ(sonicmoe::varlen_max_tiles(1000, 8, 128, 1), 16);
+}
+
+TEST(UpProjHost, heuristic_takes_the_wide_tile_clustered_where_d_is_long) {
+  using sonicmoe::sm90::choose_up_proj_config;
+  EXPECT_EQ(choose_up_proj_config(1536, 4096), GemmTileConfig::kVarlenCooperative128x256x64C2x1);  // qwen3-235b
+  EXPECT_EQ(choose_up_proj_config(2048, 7168), GemmTileConfig::kVarlenCooperative128x256x64C2x1);  // deepseek-v3
+  EXPECT_EQ(choose_up_proj_config(1024, 2048), GemmTileConfig::kVarlenCooperative128x256x64);      // olmoe-1b-7b
+  EXPECT_EQ(choose_up_proj_config(256, 1536), GemmTileConfig::kVarlenCooperative128x256x64);       // paper-7b-n256
+  EXPECT_EQ(choose_up_proj_config(384 + 64, 4096), GemmTileConfig::kVarlenPingpong128x128x64);     // n not in 128s
 }
 
 // ---------------------------------------------------------------- GPU: kernel vs CPU loop
@@ -204,7 +214,8 @@ TEST_P(SM90_UpProj, bf16_many_tiles_per_cta_and_deep_k) {
 INSTANTIATE_TEST_SUITE_P(Configs, SM90_UpProj,
                          ::testing::Values(GemmTileConfig::kVarlenPingpong128x128x64,
                                            GemmTileConfig::kVarlenCooperative128x256x64,
-                                           GemmTileConfig::kVarlenCooperative256x128x64),
+                                           GemmTileConfig::kVarlenCooperative256x128x64,
+                                           GemmTileConfig::kVarlenCooperative128x256x64C2x1),
                          [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
                            return std::string(sonicmoe::gemm_tile_config_name(info.param));
                          });

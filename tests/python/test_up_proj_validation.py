@@ -54,11 +54,11 @@ def test_up_proj_rejects(name, mutate, exc, message):
 
 def test_up_proj_runs_on_the_varlen_configurations_only():
     with pytest.raises(ValueError, match=re.escape(
-            "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 9)")):
+            "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 10)")):
         torch.ops.sonicmoe.up_proj(*valid(), True, False, 3)
     with pytest.raises(ValueError, match=re.escape(
-            "up_proj: tile_config = 10 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
-        torch.ops.sonicmoe.up_proj(*valid(), True, False, 10)
+            "up_proj: tile_config = 11 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
+        torch.ops.sonicmoe.up_proj(*valid(), True, False, 11)
 
 
 def test_fake_tensor_shapes_without_a_gpu():

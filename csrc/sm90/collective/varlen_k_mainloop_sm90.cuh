@@ -43,6 +43,7 @@ struct VarlenKMainloop {
   // whose TMA (dense) side is 256 wide and whose gathered side stays 128 wide: 128 x 256 when
   // A is gathered, 256 x 128 when B is, so each gathered row chunk serves twice the FLOPs.
   static constexpr int kConsumers = kConsumers_;
+  static constexpr int kClusterM = 1;  // no clusters: K5 / K7 read no operand both CTAs share
   static constexpr int kProducerThreads = 128;
   static constexpr int kBoxesB = 2;     // the epilogue's B box origins, unused here
   static constexpr int kBoxCols = 64;   // TMA box: 64 columns (one 128-byte swizzle row) ...
@@ -206,6 +207,8 @@ struct VarlenKMainloop {
 
   // Waits for the producer's last copies (a thread must not exit with cp.async in flight).
   static __device__ void load_tail() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+  template <class Barriers_>
+  static __device__ void drain(Barriers_&, int) {}  // no cluster: nothing to wait for
 
   template <class Accumulator, class Tile>
   static __device__ void mma(const Params& p, SharedStorage& s, Barriers& bar, Accumulator& accum,

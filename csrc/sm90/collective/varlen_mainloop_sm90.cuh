@@ -13,12 +13,19 @@
 //  - by cp.async gather (K1: A row r is x[gather_idx[r]]), since Hopper's TMA cannot gather.
 //    All 128 producer threads copy 16-byte chunks into the same 128B-swizzled layout TMA
 //    writes; each thread's copies arrive on the stage's barrier when they land.
+// With kClusterM = 2 the two CTAs of a 2 x 1 cluster run a pair of consecutive tiles
+// (varlen_tile_scheduler.cuh). Where both need the same B (shares_b: one expert and n block),
+// each loads half of B's boxes and multicasts them to both, halving B's L2 reads; otherwise each
+// loads its own. A stage of either CTA is then written by both
+// producers, so each consumer warp releases it in both CTAs (kEmptyArrivals), and a producer
+// drains its ring before its CTA exits (drain).
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
 
+#include "cute/arch/cluster_sm90.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
 #include "cute/tensor.hpp"
@@ -30,7 +37,7 @@
 namespace sonicmoe::sm90 {
 
 template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kKMajorB_ = true,
-          int kConsumers_ = 1>
+          int kConsumers_ = 1, int kClusterM_ = 1>
 struct VarlenMainloop {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
@@ -47,12 +54,14 @@ struct VarlenMainloop {
   // each: 256 x 128, a quarter less L2 traffic per FLOP than two ping-pong tiles, or 128 x 256,
   // where a gathered A row also serves twice the output columns).
   static constexpr int kConsumers = kConsumers_;
+  static constexpr int kClusterM = kClusterM_;  // CTAs sharing B by multicast (1 or 2)
   static constexpr int kWarpgroupRows = kTileM / kConsumers;
   static_assert(kConsumers == 1 || kConsumers == 2, "ping-pong or cooperative");
   static_assert(kWarpgroupRows % 64 == 0 && kWarpgroupRows * kTileN <= 128 * 128,
                 "64-row WGMMA blocks; at most 128 fp32 accumulators per consumer thread");
   static_assert(kTileK == 64, "one 128-byte swizzle row per tile row (bf16)");
   static_assert(kTileN % kBoxRowsB == 0 && kTileM % 64 == 0, "tile sizes");
+  static_assert(kClusterM == 1 || (kClusterM == 2 && kBoxesB % 2 == 0), "B's boxes split over the cluster");
 
   using Element = cutlass::bfloat16_t;
   using SmemLayoutA = decltype(cute::tile_to_shape(
@@ -81,11 +90,13 @@ struct VarlenMainloop {
       MmaAtom{}, cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>{}));
 
   static constexpr uint32_t kBytesA = kTileM * kTileK * sizeof(Element);
+  static constexpr uint16_t kClusterMask = (1u << kClusterM) - 1;  // multicast to every CTA
   static constexpr uint32_t kBytesB = kTileN * kTileK * sizeof(Element);
   // Full barrier arrivals per stage: the TMA issuer, plus one per gathering thread.
   static constexpr uint32_t kFullArrivals = kGatherA ? 1 + kProducerThreads : 1;
-  // Empty barrier arrivals per stage: one per warp of the consuming warpgroup(s).
-  static constexpr uint32_t kEmptyArrivals = 4 * kConsumers;
+  // Empty barrier arrivals per stage: one per warp of the consuming warpgroup(s), of every CTA
+  // whose producer writes the stage (the whole cluster).
+  static constexpr uint32_t kEmptyArrivals = 4 * kConsumers * kClusterM;
 
   using SharedStorage = StageBuffers<Element, SmemLayoutA, SmemLayoutB>;
   using Barriers = StageBarriers<kStages>;
@@ -135,22 +146,25 @@ struct VarlenMainloop {
     constexpr uint64_t kCacheHint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
     const bool tma_issuer = thread_idx == 0;
     if (!kGatherA && !tma_issuer) return;
+    const int rank = kClusterM == 1 ? 0 : static_cast<int>(cute::block_rank_in_cluster());
 
     // Gather: one source pointer per pass, set once per tile. Rows past the tile's rows copy the
-    // tile's first row instead (always valid: a tile has >= 1 row); their results are never
-    // stored, and no copy needs a row predicate.
+    // tile's first row instead (valid wherever the tile has a row); their results are never
+    // stored, and no copy needs a row predicate. A cluster pair's empty half (rows = 0) reads
+    // nothing: its stages are zero-filled.
     const int chunk = thread_idx % kChunksPerRow;
+    const bool has_rows = kClusterM == 1 || tile.rows > 0;  // only a cluster pair's half has none
     const Element* src[kGatherA ? kPasses : 1];
     uint32_t dst = 0;
     if constexpr (kGatherA) {
       const int row0 = thread_idx / kChunksPerRow;
       dst = cute::cast_smem_ptr_to_uint(s.a) + gather_offset(row0, chunk);
-      const int first = __ldg(p.gather_idx + tile.row_start);
+      const int first = has_rows ? __ldg(p.gather_idx + tile.row_start) : 0;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kPasses; ++j) {
         const int r = row0 + j * kRowsPerPass;
         const int token = r < tile.rows ? __ldg(p.gather_idx + tile.row_start + r) : first;
-        if (token < 0 || token >= p.gather_src_rows) __trap();  // no printf: see the kernel
+        if (has_rows && (token < 0 || token >= p.gather_src_rows)) __trap();  // no printf: see the kernel
         src[j] = p.gather_src + int64_t(token) * p.k + chunk * 8;
       }
     }
@@ -172,12 +186,17 @@ struct VarlenMainloop {
         for (int i = 0; i < kBoxesB; ++i) {
           Element* box = s.b + stage * kTileN * kTileK + i * kBoxRowsB * kTileK;
           const int c0 = kKMajorB ? k0 : b_rows[i], c1 = kKMajorB ? b_rows[i] : k0;
-          SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint, box, c0, c1, tile.expert);
+          if (kClusterM == 1 || !tile.shares_b) {  // without a cluster, or a pair needing two Bs
+            SM90_TMA_LOAD_3D::copy(&p.tma_b, &bar.full[stage], kCacheHint, box, c0, c1, tile.expert);
+          } else if (i % kClusterM == rank) {  // this CTA's half of the boxes, into both CTAs
+            SM90_TMA_LOAD_MULTICAST_3D::copy(&p.tma_b, &bar.full[stage], kClusterMask, kCacheHint, box, c0, c1,
+                                             tile.expert);
+          }
         }
       }
       if constexpr (kGatherA) {
         // Columns past k (a partial last step) are zero-filled; nothing is read for them.
-        const bool col_ok = k0 + chunk * 8 < p.k;
+        const bool col_ok = has_rows && k0 + chunk * 8 < p.k;
         const int step = col_ok ? k0 : 0;
         const uint32_t stage_dst = dst + stage * kBytesA;
         CUTLASS_PRAGMA_UNROLL
@@ -192,12 +211,22 @@ struct VarlenMainloop {
     if constexpr (kGatherA) asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
 
+  // In a cluster, the peer's consumers release this CTA's stages by remote arrivals until they
+  // finish: before the CTA may exit, its producer waits for every stage's release past its last
+  // fill (`iteration` = the CTA's k steps). One thread suffices; without a cluster it returns.
+  static __device__ void drain(Barriers& bar, int iteration) {
+    if constexpr (kClusterM > 1) {
+      for (int i = iteration; i < iteration + kStages; ++i)
+        cutlass::arch::ClusterBarrier::wait(&bar.empty[i % kStages], ((i / kStages) & 1) ^ 1);
+    }
+  }
+
   // Consumer side of one tile: accum = A_tile @ B_tile^T over all k steps (wgmma_consumer_sm90.cuh).
   // Called by the tile's consumer warpgroups (thread index within them).
   template <class Accumulator, class Tile>
   static __device__ void mma(const Params& p, SharedStorage& s, Barriers& bar, Accumulator& accum,
                              const Tile& tile, int& iteration, int mma_thread_idx) {
-    consume_stages<TiledMma, SmemLayoutA, SmemLayoutB, kStages, /*cp_async_operand=*/kGatherA>(
+    consume_stages<TiledMma, SmemLayoutA, SmemLayoutB, kStages, /*cp_async_operand=*/kGatherA, kClusterM>(
         s.a, s.b, bar.full, bar.empty, accum, k_tiles(p, tile), iteration, mma_thread_idx);
   }
 

@@ -44,15 +44,28 @@ __device__ inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, b
   cp_async_16_zfill(cute::cast_smem_ptr_to_uint(smem_dst), gmem_src, valid);
 }
 
+// One consumer warp's release of a stage: an arrival on its empty barrier in every CTA of the
+// cluster (the same shared-memory offset in each; mapa finds the peer's).
+template <int kClusterSize>
+__device__ inline void release_stage(uint64_t* empty) {
+  if constexpr (kClusterSize == 1) {
+    cutlass::arch::ClusterBarrier::arrive(empty);
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int cta = 0; cta < kClusterSize; ++cta) cutlass::arch::ClusterBarrier::arrive(empty, cta, 1);
+  }
+}
+
 // accum = A_tile @ B_tile^T over num_k_tiles stages of the ring, starting at ring position
 // `iteration` (advanced past them). Each stage is released to the producer once the WGMMAs
 // reading it have completed (one step later, so one batch is always in flight); num_k_tiles
 // must be >= 1. Called by every warpgroup of TiledMma, with the thread's index among them (one
 // release per warp).
 // kCpAsyncOperand: an operand arrives through the generic proxy (cp.async), which WGMMA, an
-// async-proxy reader, must be fenced against.
+// async-proxy reader, must be fenced against. kClusterSize > 1: the stage was also written by the
+// other CTAs' multicasts, so it is released in every CTA of the cluster.
 template <class TiledMma, class SmemLayoutA, class SmemLayoutB, int kStages, bool kCpAsyncOperand,
-          class Element, class Accumulator>
+          int kClusterSize = 1, class Element, class Accumulator>
 __device__ void consume_stages(Element* smem_a, Element* smem_b, uint64_t* full, uint64_t* empty,
                                Accumulator& accum, int num_k_tiles, int& iteration,
                                int mma_thread_idx) {
@@ -80,11 +93,11 @@ __device__ void consume_stages(Element* smem_a, Element* smem_b, uint64_t* full,
     }
     warpgroup_commit_batch();
     warpgroup_wait<1>();  // the previous step's WGMMAs are done: its stage can be refilled
-    if (previous_stage >= 0 && releases) cutlass::arch::ClusterBarrier::arrive(&empty[previous_stage]);
+    if (previous_stage >= 0 && releases) release_stage<kClusterSize>(&empty[previous_stage]);
     previous_stage = stage;
   }
   warpgroup_wait<0>();
-  if (releases) cutlass::arch::ClusterBarrier::arrive(&empty[previous_stage]);
+  if (releases) release_stage<kClusterSize>(&empty[previous_stage]);
   warpgroup_fence_operand(accum);
 }
 
