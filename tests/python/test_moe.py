@@ -214,6 +214,36 @@ def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph():
     assert torch.equal(captured, expected)  # deterministic kernels, same routing
 
 
+# Ops that copy or gather a tensor: in the forward none may read w1 (a weight copy) or x (a
+# gathered copy of x); the kernels read both in place.
+COPYING_OPS = ("aten::copy_", "aten::clone", "aten::_to_copy", "aten::contiguous", "aten::index",
+               "aten::index_select", "aten::gather", "aten::take", "aten::repeat_interleave",
+               "aten::cat", "aten::stack")
+
+
+@requires_hopper
+@pytest.mark.parametrize("d, n", [(256, 128), (4096, 256)])  # d 4096: K1 on the clustered tile
+def test_training_forward_copies_neither_w1_nor_x(d, n):
+    # Issue 3: the profiler's op list of one training forward shows no copy of w1 and no gathered
+    # copy of x (record_shapes gives each op's input shapes).
+    gen = generator("cuda", "no-copies", d)
+    T, E, K = 512, 8, 2
+    x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    for t in (x, router, w1, w2):
+        t.requires_grad_(True)
+    sonicmoe.moe(x, router, w1, w2, K)  # warm-up: module loads, descriptor encoder
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        sonicmoe.moe(x, router, w1, w2, K)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("sonicmoe::up_proj" in s for s in names), sorted(set(names))
+    for shape, what in ((list(w1.shape), "w1"), (list(x.shape), "x")):
+        copies = [(e.name, e.input_shapes) for e in prof.events() if e.name in COPYING_OPS and shape in e.input_shapes]
+        assert not copies, f"the forward copies {what}: {copies}"
+
+
 @requires_hopper
 def test_no_grad_with_trainable_weights_writes_no_h():
     # Parameters that require grad under torch.no_grad (evaluation of a training model): no
