@@ -197,9 +197,10 @@ def test_router_weight_receives_gradient():
 
 
 @requires_hopper
-def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph():
-    gen = generator("cuda", "graph")
-    x, router, w1, w2 = make_layer(1024, 256, 128, 16, "cuda", gen)
+@pytest.mark.parametrize("d", [256, 4096])  # d 4096: K1 on the clustered tile (a cluster launch)
+def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph(d):
+    gen = generator("cuda", "graph", d)
+    x, router, w1, w2 = make_layer(1024, d, 128, 16, "cuda", gen)
     with torch.no_grad():
         out = sonicmoe.moe(x, router, w1, w2, 2)
         assert out.grad_fn is None
