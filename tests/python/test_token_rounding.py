@@ -146,8 +146,10 @@ def test_cuda_graph_capture_proves_no_host_sync():
 
 from conftest import requires_hopper  # noqa: E402
 
+# d 4096, n 256: K1 and K4 on the clustered wide tile over upper-bound buffers (auto at d >= 3072).
 KERNEL_CASES = [(1000, 256, 128, 16, 2, 128, "nearest"), (4096, 512, 256, 64, 8, 128, "up"),
-                (300, 128, 64, 8, 1, 64, "down"), (1, 128, 64, 8, 2, 128, "nearest")]
+                (300, 128, 64, 8, 1, 64, "down"), (1, 128, 64, 8, 2, 128, "nearest"),
+                (700, 4096, 256, 16, 2, 128, "nearest")]
 
 
 @requires_hopper
