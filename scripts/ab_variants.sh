@@ -4,7 +4,10 @@
 # variant in turn, ROUNDS times (default 2), swapping the extension in between. Each variant is
 # built once however many rounds run (scripts/ab_patch.sh rebuilds both sides every round), so
 # more rounds fit in a device call, and alternating them shows the spread within the run.
-# Leaves the tree and the extension as it found them.
+# Leaves the tree and the extension as it found them, unless it is killed (a device call's time
+# limit): then the extension and the build's objects may be the last variant's while the sources
+# are the base's, and an incremental build keeps them (their mtimes are newer): touch the changed
+# files first (session 13, call 5).
 #
 # A change is a patch (applied with git apply, or patch -p1) or a folder holding changed files
 # at their paths in the tree (scripts/ab_patch.sh --files writes one from a patch):
