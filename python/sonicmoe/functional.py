@@ -68,15 +68,22 @@ def _grad_enabled_for(*tensors) -> bool:
 
 def _dw2_on_k5(n: int, partial_rows: bool) -> bool:
     """Eager dW2 on K5 (cooperative 128 x 256, the dO gather in its loads) rather than a gathered
-    copy + torch._grouped_mm: measured faster where n <= 1024 (session 7, call 4)."""
-    return not partial_rows and n <= 1024
+    copy + torch._grouped_mm: measured faster where n <= 1024 (session 7, call 4), and as the
+    layer's backward at n 1536 (session 14, calls 3-4: qwen3-235b-a22b 534.7 / 547.4 TF against
+    528.5 / 540.2); at n 2048 (deepseek-v3) K5 and K7 together lost 2.5% (459.6 against 471.3)."""
+    return not partial_rows and n <= 1536
 
 
 def _dw1_on_k7(n: int, partial_rows: bool) -> bool:
     """Eager dW1 on K7 (K5's 128 x 256 tile with x gathered on its 128-wide side, stored
-    transposed) rather than a gathered copy of x + torch._grouped_mm: measured faster where
-    n <= 256 (session 12, call 3: 626-639 against 779-791 µs at paper-7b-n256)."""
-    return not partial_rows and n <= 256
+    transposed) rather than a gathered copy of x + torch._grouped_mm, where n <= 1024. The
+    layer's backward against the interim path (session 14, calls 3-4, TFLOP/s): paper-30b-n512
+    480.3 / 493.0 against 467.6 / 468.4, paper-7b-n1024 450.3 / 453.7 against 433.7 / 440.0,
+    qwen3-30b-a3b 476.7 / 484.4 against 474.7 / 471.8, olmoe-1b-7b and paper-120b-n1024 level
+    (within 1.5%); at n 1536 it lost 1.4% (qwen3-235b-a22b). Under the H200's power cap
+    (~700 W, 1.4-1.5 GHz in these steps) the gathered copy's traffic costs clock; K7 also spares
+    that copy (T K d bf16) at the step's peak."""
+    return not partial_rows and n <= 1024
 
 
 def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows):
@@ -87,13 +94,13 @@ def _experts_backward(ctx, grad_out, x, w1, w2, h, row_score, offsets, gather_id
 
     The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) on cooperative
     tiles, or torch._grouped_mm over gathered copies of dO and x, whichever measured faster on
-    the H200 (docs/perf-notes.md, sessions 7 and 12): dW2 on K5 where n <= 1024 (1.03-1.79x the
-    interim path at the six such anchor configs; 0.90-0.97x at n 1536 and 2048), dW1 on K7 where
-    n <= 256 (_dw1_on_k7). Token rounding's buffers (partial_rows) keep the interim path
-    (rows past offsets[E] are outside every group there), as K5's cooperative tiles read every
-    row by TMA. Under torch.compile the interim path cannot stay: Inductor stores the gathered
-    copy K-contiguous, where torch._grouped_mm needs every group's row count to be a multiple of
-    8 (a device-side assert otherwise), so compiled graphs run K5/K7.
+    the H200 (docs/perf-notes.md, sessions 7, 12 and 14): dW2 on K5 where n <= 1536, dW1 on K7
+    where n <= 1024 (_dw2_on_k5, _dw1_on_k7), timed as the layer's backward. Token rounding's
+    buffers (partial_rows) keep the interim path (rows past offsets[E] are outside every group
+    there), as K5's cooperative tiles read every row by TMA. Under torch.compile the interim path
+    cannot stay: Inductor stores the gathered copy K-contiguous, where torch._grouped_mm needs
+    every group's row count to be a multiple of 8 (a device-side assert otherwise), so compiled
+    graphs run K5/K7.
     Returns (dx_rows, dw1, dw2, d_row_score)."""
     need_x, need_w1, need_w2, need_scores = ctx.needs_input_grad[:4]
     d_out = grad_out.to(torch.bfloat16).contiguous()

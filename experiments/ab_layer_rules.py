@@ -1,0 +1,125 @@
+"""In-process A/B of the backward's kernel choices made in Python or per call (no rebuild): the
+layer's step (gradients unset, forward, backward) under each variant, interleaved with the others
+and with the forward alone, as bench.py's moe_backward times it (backward = step - forward).
+
+Variants (each a set of overrides of sonicmoe.functional while its step runs):
+  base       the tree's rules (dW2 on K5 at n <= 1536, dW1 on K7 at n <= 1024: session 14);
+  rules_s13  session 13's rules: dW2 on K5 at n <= 1024, dW1 on K7 at n <= 256 (the interim
+             gathered copy + torch._grouped_mm above);
+  k5k7_all   dW2 on K5 and dW1 on K7 at every n (no interim path in eager mode);
+  k4_c2x1    K4 on the clustered wide tile (config 10) wherever n % 256 == 0;
+  k4_rule_s13  K4 on ping-pong 128 x 128 at d < 4096 (session 13's rule; the tree's takes the
+             clustered wide tile from d 2048);
+  k6_c2x1    K6 on the clustered wide tile wherever d % 256 == 0.
+Session 14's call 3 also ran K4 on the ping-pong 64 x 256 tile of experiments/pingpong_64x256.diff
+here (config 11 where n % 256 == 0 and d < 4096; measured and dropped, docs/perf-notes.md).
+Also prints the SM clock and power after each config's timing (NVML through torch.cuda).
+
+    python experiments/ab_layer_rules.py [--variants base,k5k7_all] [--configs olmoe-1b-7b,...]
+"""
+import argparse
+import contextlib
+import functools
+import pathlib
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import sonicmoe  # noqa: E402
+import sonicmoe.functional as F  # noqa: E402
+from sonicmoe import _ops  # noqa: E402
+from bench import load_anchors, time_interleaved, upstream_anchor, warm_up_gpu  # noqa: E402
+
+WIDE_C2X1 = "varlen_cooperative_128x256x64_c2x1"
+
+
+def _k4_c2x1(d_out, w2, h, *args, **kwargs):
+    if w2.shape[2] % 256 == 0:
+        kwargs["tile_config"] = WIDE_C2X1
+    return _ops.down_proj_grad(d_out, w2, h, *args, **kwargs)
+
+
+def _k4_rule_s13(d_out, w2, h, *args, **kwargs):
+    if w2.shape[1] < 4096:
+        kwargs["tile_config"] = "varlen_pingpong_128x128x64"
+    return _ops.down_proj_grad(d_out, w2, h, *args, **kwargs)
+
+
+def _k6_c2x1(d_h, w1, offsets, **kwargs):
+    if w1.shape[2] % 256 == 0:
+        kwargs["tile_config"] = WIDE_C2X1
+    return _ops.grouped_gemm_kn(d_h, w1, offsets, **kwargs)
+
+
+OVERRIDES = {
+    "base": {},
+    "rules_s13": {"_dw2_on_k5": lambda n, partial_rows: not partial_rows and n <= 1024,
+                  "_dw1_on_k7": lambda n, partial_rows: not partial_rows and n <= 256},
+    "k5k7_all": {"_dw2_on_k5": lambda n, partial_rows: not partial_rows,
+                 "_dw1_on_k7": lambda n, partial_rows: not partial_rows},
+    "k4_c2x1": {"down_proj_grad": _k4_c2x1},
+    "k4_rule_s13": {"down_proj_grad": _k4_rule_s13},
+    "k6_c2x1": {"grouped_gemm_kn": _k6_c2x1},
+}
+
+
+@contextlib.contextmanager
+def overridden(name):
+    saved = {k: getattr(F, k) for k in OVERRIDES[name]}
+    for k, v in OVERRIDES[name].items():
+        setattr(F, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(F, k, v)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variants", default="base,rules_s13,k5k7_all,k4_c2x1,k6_c2x1")
+    parser.add_argument("--configs", default="olmoe-1b-7b,qwen3-30b-a3b,paper-30b-n512,paper-120b-n1024,"
+                                             "qwen3-235b-a22b,paper-7b-n1024,paper-7b-n256,deepseek-v3")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    _, data, configs = load_anchors()
+    variants = args.variants.split(",")
+    warm_up_gpu()
+    print(f"{'config':<18}" + "".join(f"{v:>11}" for v in variants) + "   (backward TFLOP/s; up*)   clock MHz  W")
+    for name in args.configs.split(","):
+        c = configs[name]
+        T, d, n, E, K = c["T"], c["d"], c["n"], c["E"], c["K"]
+        x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
+        router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+        w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+        w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+        grad = torch.randn(T, d, device="cuda").bfloat16()
+        params = (x, router, w1, w2)
+
+        def step(variant):
+            with overridden(variant):
+                for t in params:
+                    t.grad = None
+                sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+
+        fns = {"fwd": lambda: sonicmoe.moe(x, router, w1, w2, K)}
+        fns.update({v: functools.partial(step, v) for v in variants})
+        ms = time_interleaved(fns, rounds=args.rounds, iters=5)
+        try:  # NVML (pynvml) may be missing
+            clock, watts = torch.cuda.clock_rate(), f"{torch.cuda.power_draw() / 1e3:.0f}"
+        except Exception as e:  # noqa: BLE001
+            clock, watts = "-", type(e).__name__
+        bwd_flops = 12.0 * T * K * d * n
+        tf = {v: bwd_flops / (ms[v] - ms["fwd"]) / 1e9 for v in variants}
+        up = upstream_anchor(data["rows"], name).get("bwd_tflops")
+        print(f"{name:<18}" + "".join(f"{tf[v]:>11.1f}" for v in variants) + f"   ({up})   {clock}  {watts}",
+              flush=True)
+        del x, router, w1, w2, grad, params, fns
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
