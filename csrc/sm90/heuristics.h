@@ -63,16 +63,16 @@ inline GemmTileConfig choose_up_proj_config(int64_t n, int64_t d) {
                            : GemmTileConfig::kVarlenCooperative128x256x64;
 }
 
-// K4's tile: cooperative 128 x 256 (two score-gradient slots per tile) where n fills whole
-// 256-column tiles and the K loop (d) is long enough to cover its epilogue, which unlike
-// ping-pong's does not overlap a mainloop. On the H200 (session 11, calls 2-3) at d >= 4096 it
-// ran up to 8% faster than ping-pong 128 x 128 (the layer's backward +0.5% to +5%); at d <= 2048
-// it lost up to 10% in most runs (paper-7b, olmoe, qwen3-30b-a3b; layer -2% to +2%). Clustered
-// there (d >= kClusterMinK).
+// K4's tile: the clustered cooperative 128 x 256 tile (two score-gradient slots per tile, B
+// multicast within a pair) where n fills whole 256-column tiles and the K loop (d) is >= 2048;
+// otherwise ping-pong 128 x 128, whose epilogue overlaps the other warpgroup's mainloop. On the
+// H200: unclustered at d >= 4096 up to 8% faster than ping-pong (session 11, calls 2-3; the
+// layer's backward +0.5% to +5%), clustered 11% faster again at deepseek-v3 (session 13). At d 2048
+// clustered, the layer's backward (session 14, calls 4-5): olmoe-1b-7b +4.4%, qwen3-30b-a3b level;
+// at d 1536 it lost (paper-7b-n1024 -6.7%, paper-7b-n256 -2.9%).
 inline GemmTileConfig choose_down_proj_grad_config(int64_t n, int64_t d) {
-  if (n % 256 != 0 || d < 4096) return GemmTileConfig::kVarlenPingpong128x128x64;
-  return d >= kClusterMinK ? GemmTileConfig::kVarlenCooperative128x256x64C2x1
-                           : GemmTileConfig::kVarlenCooperative128x256x64;
+  if (n % 256 != 0 || d < 2048) return GemmTileConfig::kVarlenPingpong128x128x64;
+  return GemmTileConfig::kVarlenCooperative128x256x64C2x1;
 }
 
 // K5 / K7 (weight_grad): the cooperative tile whose gathered side is 128 wide (128 x 256 when A

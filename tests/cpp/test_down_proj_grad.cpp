@@ -32,15 +32,17 @@ TEST(DownProjGradHost, run_rejects_null_pointers_before_any_launch) {
   EXPECT_NE(sonicmoe::run_down_proj_grad(valid_shape()).message.find("must be non-null"), std::string::npos);
 }
 
-TEST(DownProjGradHost, heuristic_takes_the_clustered_wide_tile_where_n_fills_it_and_d_is_long) {
+TEST(DownProjGradHost, heuristic_takes_the_clustered_wide_tile_where_n_fills_it_and_d_is_at_least_2048) {
   using sonicmoe::sm90::choose_down_proj_grad_config;
   constexpr auto kWide = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64C2x1;
   constexpr auto kPingpong = sonicmoe::GemmTileConfig::kVarlenPingpong128x128x64;
   EXPECT_EQ(choose_down_proj_grad_config(1536, 4096), kWide);     // qwen3-235b-a22b
   EXPECT_EQ(choose_down_proj_grad_config(512, 4096), kWide);      // paper-30b-n512
   EXPECT_EQ(choose_down_proj_grad_config(2048, 7168), kWide);     // deepseek-v3
-  EXPECT_EQ(choose_down_proj_grad_config(768, 2048), kPingpong);  // qwen3-30b-a3b
+  EXPECT_EQ(choose_down_proj_grad_config(1024, 2048), kWide);     // olmoe-1b-7b
+  EXPECT_EQ(choose_down_proj_grad_config(768, 2048), kWide);      // qwen3-30b-a3b
   EXPECT_EQ(choose_down_proj_grad_config(256, 1536), kPingpong);  // paper-7b-n256
+  EXPECT_EQ(choose_down_proj_grad_config(1024, 1536), kPingpong); // paper-7b-n1024
   EXPECT_EQ(choose_down_proj_grad_config(384, 4096), kPingpong);  // a half-empty last tile
 }
 

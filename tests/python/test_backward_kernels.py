@@ -93,9 +93,9 @@ def test_down_proj_grad_matches_the_reference_spec(T, d, n, E, K, tile_config):
     check_down_proj_grad(T, d, n, E, K, tile_config)
 
 
-# "auto" takes the cooperative 128 x 256 tile where n % 256 == 0 and d >= 4096 (sm90/heuristics.h):
-# the first case reaches it, the second takes ping-pong.
-@pytest.mark.parametrize("T,d,n,E,K", [(200, 4096, 256, 8, 2), (200, 2048, 256, 8, 2)])
+# "auto" takes the clustered cooperative 128 x 256 tile where n % 256 == 0 and d >= 2048
+# (sm90/heuristics.h): the first two cases reach it, the third takes ping-pong.
+@pytest.mark.parametrize("T,d,n,E,K", [(200, 4096, 256, 8, 2), (200, 2048, 256, 8, 2), (200, 1536, 256, 8, 2)])
 def test_down_proj_grad_auto(T, d, n, E, K):
     check_down_proj_grad(T, d, n, E, K, "auto")
 
