@@ -147,6 +147,16 @@ def bench_combine(name, cfg):
             "torch_GBps": bytes_moved / ms["torch"] / 1e6, "sonicmoe_ms": ms["sonicmoe"]}
 
 
+def layer_params(T, d, n, E):
+    """x and the layer's parameters in the public layout (bf16 on the GPU, requiring grad), scaled
+    so that activations stay O(1): x (T, d), router (E, d), w1 (E, 2n, d), w2 (E, d, n)."""
+    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
+    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    return x, router, w1, w2
+
+
 def torch_grouped_mm_layer(x, router, w1, w2, top_k):
     """The torchtitan-style baseline of shared/anchors: argsort gather, torch._grouped_mm up and
     down, silu * mul, index_add combine."""
@@ -170,10 +180,7 @@ def bench_moe_forward(name, cfg, anchor_rows):
     """Forward as in training (weights and x require grad: autograd state is built), and the
     inference forward (no_grad) of sonicmoe beside it."""
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
-    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
-    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    x, router, w1, w2 = layer_params(T, d, n, E)
     flops = 6.0 * T * K * d * n
 
     def inference():
@@ -233,10 +240,7 @@ def bench_moe_backward(name, cfg, anchor_rows):
     """Training step pieces: forward, forward + backward (backward = their difference, same run),
     and the memory kept after the forward, for sonicmoe.moe and the torch._grouped_mm layer."""
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
-    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
-    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    x, router, w1, w2 = layer_params(T, d, n, E)
     grad = torch.randn(T, d, device="cuda").bfloat16()
     layers = {"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
               "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)}
@@ -391,10 +395,7 @@ def bench_token_rounding(cfg, tile=128):
     from sonicmoe.routing import token_rounding_expert_major
 
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
-    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
-    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    x, router, w1, w2 = layer_params(T, d, n, E)
     grad = torch.randn(T, d, device="cuda").bfloat16()
     with torch.no_grad():
         logits = torch.nn.functional.linear(x, router)

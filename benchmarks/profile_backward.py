@@ -14,7 +14,9 @@ import warnings
 
 import torch
 sys.path.insert(0, "python")  # run from the repository root
+sys.path.insert(0, "benchmarks")
 import sonicmoe
+from bench import layer_params
 from torch.profiler import profile, ProfilerActivity
 
 CFGS = {"paper-30b-n512": (32768, 4096, 512, 128, 8), "qwen3-235b-a22b": (32768, 4096, 1536, 128, 8),
@@ -38,10 +40,7 @@ def events_ms(fn, before=None, iters=10):
 
 for name in sys.argv[1:] or CFGS:
     T, d, n, E, K = CFGS[name]
-    x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
-    router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    x, router, w1, w2 = layer_params(T, d, n, E)
     grad = torch.randn(T, d, device="cuda").bfloat16()
     params = (x, router, w1, w2)
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sonicmoe  # noqa: E402
 import sonicmoe.functional as F  # noqa: E402
 from sonicmoe import _ops  # noqa: E402
-from bench import load_anchors, time_interleaved, upstream_anchor, warm_up_gpu  # noqa: E402
+from bench import layer_params, load_anchors, time_interleaved, upstream_anchor, warm_up_gpu  # noqa: E402
 
 WIDE_C2X1 = "varlen_cooperative_128x256x64_c2x1"
 
@@ -92,10 +92,7 @@ def main():
     for name in args.configs.split(","):
         c = configs[name]
         T, d, n, E, K = c["T"], c["d"], c["n"], c["E"], c["K"]
-        x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
-        router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-        w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
-        w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+        x, router, w1, w2 = layer_params(T, d, n, E)
         grad = torch.randn(T, d, device="cuda").bfloat16()
         params = (x, router, w1, w2)
 
