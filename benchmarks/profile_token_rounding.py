@@ -1,0 +1,49 @@
+"""Kernel lists of one inference forward with token rounding and with top-K, side by side (torch
+profiler, after warm-up), at sweep 1's points of DESIGN §6 (T 16384, d 1536, n 256, K 8): where
+rounding's forward gains on the expert GEMMs and where its routing and layout cost more.
+
+    python benchmarks/profile_token_rounding.py [E ...]     # default: 512 (the sparsest point)
+"""
+import sys
+
+import torch
+sys.path.insert(0, "python")  # run from the repository root
+sys.path.insert(0, "benchmarks")
+import sonicmoe
+from bench import layer_params
+from torch.profiler import profile, ProfilerActivity
+
+T, d, n, K, TILE = 16384, 1536, 256, 8, 128
+
+
+def kernel_list(fn):
+    """(name, µs) of every kernel or copy one call of fn runs, in launch order."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    return [(e.name, e.device_time) for e in events]
+
+
+for E in [int(a) for a in sys.argv[1:]] or [512]:
+    x, router, w1, w2 = layer_params(T, d, n, E)
+    with torch.no_grad():
+        experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), K, "topk_softmax")[1]
+        counts = torch.bincount(experts.flatten(), minlength=E)
+        tiles_topk = int(((counts + TILE - 1) // TILE).sum())
+    for routing in ("topk_softmax", "token_rounding"):
+        def forward():
+            with torch.no_grad():
+                return sonicmoe.moe(x, router, w1, w2, K, routing=routing, tile=TILE)
+        kernels = kernel_list(forward)
+        total = sum(t for _, t in kernels)
+        extra = f", {tiles_topk} m tiles of {TILE} (rounding: ~{T * K // TILE})" if routing == "topk_softmax" else ""
+        print(f"== E {E} {routing}: {len(kernels)} kernels/copies, {total:.1f} us{extra}")
+        for name, t in kernels:
+            print(f"  {t:9.1f} us  {name[:110]}")
+    del x, router, w1, w2
+    torch.cuda.empty_cache()
