@@ -391,8 +391,9 @@ def bench_token_rounding(cfg, tile=128):
     top-K's padding waste: rows added by rounding every expert's count up to the tile, over T*K.
     The forward is also split into its routing part (router GEMM, top-K or rounding) and its
     expert part (sorted layout, K1, K2, K3 from given routing decisions)."""
+    from sonicmoe._ops import device_routing_metadata, grouped_gemm, up_proj
     from sonicmoe.functional import _MoEDenseExperts
-    from sonicmoe.routing import token_rounding_expert_major
+    from sonicmoe.routing import dense_routing_metadata_expert_major, dense_row_bound, token_rounding_expert_major
 
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
     x, router, w1, w2 = layer_params(T, d, n, E)
@@ -423,14 +424,31 @@ def bench_token_rounding(cfg, tile=128):
 
     fns["topk_softmax_experts"] = experts_topk
     fns["token_rounding_experts"] = experts_rounded
+    # The expert GEMMs alone (K1 + K2 over metadata built once): the kernel time the SonicMoE
+    # paper states its rounding speedup for. Same kernels and tiles as the layer's forward.
+    topk_meta = device_routing_metadata(experts, E)
+    dense_meta = dense_routing_metadata_expert_major(probs_t, assigned_t, dense_row_bound(T, E, K, tile))
+
+    def gemms_topk():
+        _, a = up_proj(x, w1, topk_meta.expert_offsets, topk_meta.gather_idx, keep_h=False)
+        return grouped_gemm(a, w2, topk_meta.expert_offsets)
+
+    def gemms_rounded():
+        _, a = up_proj(x, w1, dense_meta.expert_offsets, dense_meta.gather_idx, keep_h=False, partial_rows=True)
+        return grouped_gemm(a, w2, dense_meta.expert_offsets, tile_config="varlen_pingpong_128x128x64",
+                            partial_rows=True)
+
+    fns["topk_softmax_gemms"] = gemms_topk
+    fns["token_rounding_gemms"] = gemms_rounded
     ms = time_interleaved(fns, rounds=5, iters=10)
     row = dict(cfg, topk_padding_waste=waste)
     for routing in ("topk_softmax", "token_rounding"):
-        for part in ("fwd", "fwd_bwd", "experts"):
+        for part in ("fwd", "fwd_bwd", "experts", "gemms"):
             row[f"{routing}_{part}_ms"] = ms[f"{routing}_{part}"]
         row[f"{routing}_bwd_ms"] = ms[f"{routing}_fwd_bwd"] - ms[f"{routing}_fwd"]
     row["fwd_speedup"] = row["topk_softmax_fwd_ms"] / row["token_rounding_fwd_ms"]
     row["experts_speedup"] = row["topk_softmax_experts_ms"] / row["token_rounding_experts_ms"]
+    row["gemms_speedup"] = row["topk_softmax_gemms_ms"] / row["token_rounding_gemms_ms"]
     return row
 
 
@@ -544,17 +562,19 @@ def main():
                 torch.cuda.empty_cache()
         (out / "token_rounding.json").write_text(json.dumps({"rows": tr_rows}, indent=1))
         print(f"{'sweep':<24}{'E':>5}{'waste':>7}{'fwd topk':>10}{'fwd TR':>8}{'speedup':>9}"
-              f"{'exp topk':>10}{'exp TR':>8}{'speedup':>9}"
+              f"{'exp topk':>10}{'exp TR':>8}{'speedup':>9}{'gemm topk':>10}{'gemm TR':>8}{'speedup':>9}"
               f"{'bwd topk':>10}{'bwd TR':>8}{'f+b topk':>10}{'f+b TR':>8}")
         for r in tr_rows:
             print(f"{r['sweep']:<24}{r['E']:>5}{r['topk_padding_waste']:>7.3f}{r['topk_softmax_fwd_ms']:>10.3f}"
                   f"{r['token_rounding_fwd_ms']:>8.3f}{r['fwd_speedup']:>9.3f}"
                   f"{r['topk_softmax_experts_ms']:>10.3f}{r['token_rounding_experts_ms']:>8.3f}"
-                  f"{r['experts_speedup']:>9.3f}{r['topk_softmax_bwd_ms']:>10.3f}"
+                  f"{r['experts_speedup']:>9.3f}{r['topk_softmax_gemms_ms']:>10.3f}"
+                  f"{r['token_rounding_gemms_ms']:>8.3f}{r['gemms_speedup']:>9.3f}{r['topk_softmax_bwd_ms']:>10.3f}"
                   f"{r['token_rounding_bwd_ms']:>8.3f}{r['topk_softmax_fwd_bwd_ms']:>10.3f}"
                   f"{r['token_rounding_fwd_bwd_ms']:>8.3f}")
         print("(ms; forward under no_grad; exp = the forward's expert part from given routing decisions: "
-              "sorted layout, K1, K2, K3; waste = top-K rows added by rounding counts up to 128, over T*K)\n")
+              "sorted layout, K1, K2, K3; gemm = K1 + K2 alone over that layout (the kernel time); "
+              "waste = top-K rows added by rounding counts up to 128, over T*K)\n")
     for op, (bench_fn, columns, note) in KERNEL_TABLES.items():
         if op not in ops:
             continue
