@@ -62,9 +62,11 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
   if (layout < 0 || layout > 1) return value_rule("b_layout", layout, "must name a WeightLayout (0 NK, 1 KN)");
   if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
     return value_rule("config", config,
-                      "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 10");
+                      ("b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or " +
+                       varlen_config_range()).c_str());
   if (p.partial_rows && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
-    return value_rule("config", config, "partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 10");
+    return value_rule("config", config,
+                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + varlen_config_range()).c_str());
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,

@@ -16,6 +16,21 @@ inline std::string rule_message(const char* op, const char* name, int64_t value,
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The varlen configurations are the numbers from the first one to the last GemmTileConfig; the
+// rules' messages name that range, so a new configuration extends them by itself.
+constexpr int kFirstVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenPingpong128x128x64);
+constexpr bool varlen_configs_are_the_last() {
+  for (int c = 1; c < kNumGemmTileConfigs; ++c)
+    if (is_varlen_config(static_cast<GemmTileConfig>(c)) != (c >= kFirstVarlenConfig)) return false;
+  return true;
+}
+static_assert(varlen_configs_are_the_last(), "the varlen configurations must be the last GemmTileConfigs");
+
+// "7 to 10" (the range of varlen configurations, for the rules' messages).
+inline std::string varlen_config_range() {
+  return std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kNumGemmTileConfigs - 1);
+}
+
 // The rules every expert-MLP kernel shares (K1, K4: params with num_experts, num_tokens,
 // m_total, d, n, sm_count, config: the varlen kernel's); "" when they hold. d and n are 16-byte rows: cp.async chunks,
 // TMA boxes, vector stores.
@@ -35,7 +50,7 @@ std::string check_expert_mlp_dims(const char* op, const Params& p) {
   if (p.sm_count < 1) return rule_message(op, "sm_count", p.sm_count, "must be >= 1");
   if (p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
     return rule_message(op, "config", static_cast<int>(p.config),
-                        "must be 0 (auto) or a varlen configuration (7 to 10)");
+                        ("must be 0 (auto) or a varlen configuration (" + varlen_config_range() + ")").c_str());
   return {};
 }
 

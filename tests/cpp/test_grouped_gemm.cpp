@@ -55,6 +55,10 @@ TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](GroupedGemmParams& p) { p.n_out = 1530; }, "n_out = 1530 breaks the rule"},
       {[](GroupedGemmParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
       {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(11); }, "config = 11 breaks"},
+      {[](GroupedGemmParams& p) { p.partial_rows = true; p.config = GemmTileConfig::kPingpong128x128x64; },
+       "config = 1 breaks the rule: partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 10"},
+      {[](GroupedGemmParams& p) { p.b_layout = sonicmoe::WeightLayout::kKN; p.config = GemmTileConfig::kPingpong128x128x64; },
+       "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 10"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_grouped_gemm);
 }
