@@ -1,6 +1,7 @@
-"""In-process A/B of the backward's kernel choices made in Python or per call (no rebuild): the
+"""In-process A/B of the layer's kernel choices made in Python or per call (no rebuild): the
 layer's step (gradients unset, forward, backward) under each variant, interleaved with the others
-and with the forward alone, as bench.py's moe_backward times it (backward = step - forward).
+and with the forward alone, as bench.py's moe_backward times it (backward = step - forward); or
+with --measure forward, the training forward under each variant.
 
 Variants (each a set of overrides of sonicmoe.functional while its step runs):
   base       the tree's rules (dW2 on K5 at n <= 1536, dW1 on K7 at n <= 1024: session 14);
@@ -10,12 +11,16 @@ Variants (each a set of overrides of sonicmoe.functional while its step runs):
   k4_c2x1    K4 on the clustered wide tile (config 10) wherever n % 256 == 0;
   k4_rule_s13  K4 on ping-pong 128 x 128 at d < 4096 (session 13's rule; the tree's takes the
              clustered wide tile from d 2048);
-  k6_c2x1    K6 on the clustered wide tile wherever d % 256 == 0.
+  k6_c2x1    K6 on the clustered wide tile wherever d % 256 == 0;
+  k2_co, k2_c2x1  (forward) K2 on the varlen wide tile, unclustered / clustered, where d % 256 == 0;
+  k1_co, k1_c2x1  (forward) K1 on the wide tile unclustered / clustered wherever n % 128 == 0.
+With --measure forward the table is the training forward's TFLOP/s under each variant (H kept).
 Session 14's call 3 also ran K4 on the ping-pong 64 x 256 tile of experiments/pingpong_64x256.diff
 here (config 11 where n % 256 == 0 and d < 4096; measured and dropped, docs/perf-notes.md).
 Also prints the SM clock and power after each config's timing (NVML through torch.cuda).
 
     python experiments/ab_layer_rules.py [--variants base,k5k7_all] [--configs olmoe-1b-7b,...]
+    python experiments/ab_layer_rules.py --measure forward --variants base,k2_co,k2_c2x1 --configs qwen3-235b-a22b
 """
 import argparse
 import contextlib
@@ -36,22 +41,33 @@ from bench import layer_params, load_anchors, time_interleaved, upstream_anchor,
 WIDE_C2X1 = "varlen_cooperative_128x256x64_c2x1"
 
 
-def _k4_c2x1(d_out, w2, h, *args, **kwargs):
-    if w2.shape[2] % 256 == 0:
-        kwargs["tile_config"] = WIDE_C2X1
-    return _ops.down_proj_grad(d_out, w2, h, *args, **kwargs)
+def _with_tile(op, tile, fits):
+    """op with tile_config = tile where fits(*args) and the caller left it on auto."""
+    def run(*args, **kwargs):
+        if fits(*args) and kwargs.get("tile_config", "auto") == "auto":
+            kwargs["tile_config"] = tile
+        return op(*args, **kwargs)
+    return run
 
 
-def _k4_rule_s13(d_out, w2, h, *args, **kwargs):
-    if w2.shape[1] < 4096:
-        kwargs["tile_config"] = "varlen_pingpong_128x128x64"
-    return _ops.down_proj_grad(d_out, w2, h, *args, **kwargs)
+def _k2_fits(a, w2, *_):
+    return w2.shape[1] % 256 == 0
 
 
-def _k6_c2x1(d_h, w1, offsets, **kwargs):
-    if w1.shape[2] % 256 == 0:
-        kwargs["tile_config"] = WIDE_C2X1
-    return _ops.grouped_gemm_kn(d_h, w1, offsets, **kwargs)
+def _k1_fits(x, w1, *_):
+    return w1.shape[1] % 256 == 0  # 2n: n % 128 == 0
+
+
+def _k4_n_fits(d_out, w2, *_):
+    return w2.shape[2] % 256 == 0
+
+
+def _k4_below_4096(d_out, w2, *_):
+    return w2.shape[1] < 4096
+
+
+def _k6_fits(d_h, w1, *_):
+    return w1.shape[2] % 256 == 0
 
 
 OVERRIDES = {
@@ -60,9 +76,13 @@ OVERRIDES = {
                   "_dw1_on_k7": lambda n, partial_rows: not partial_rows and n <= 256},
     "k5k7_all": {"_dw2_on_k5": lambda n, partial_rows: not partial_rows,
                  "_dw1_on_k7": lambda n, partial_rows: not partial_rows},
-    "k4_c2x1": {"down_proj_grad": _k4_c2x1},
-    "k4_rule_s13": {"down_proj_grad": _k4_rule_s13},
-    "k6_c2x1": {"grouped_gemm_kn": _k6_c2x1},
+    "k4_c2x1": {"down_proj_grad": _with_tile(_ops.down_proj_grad, WIDE_C2X1, _k4_n_fits)},
+    "k4_rule_s13": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", _k4_below_4096)},
+    "k6_c2x1": {"grouped_gemm_kn": _with_tile(_ops.grouped_gemm_kn, WIDE_C2X1, _k6_fits)},
+    "k2_co": {"grouped_gemm": _with_tile(_ops.grouped_gemm, "varlen_cooperative_128x256x64", _k2_fits)},
+    "k2_c2x1": {"grouped_gemm": _with_tile(_ops.grouped_gemm, WIDE_C2X1, _k2_fits)},
+    "k1_co": {"up_proj": _with_tile(_ops.up_proj, "varlen_cooperative_128x256x64", _k1_fits)},
+    "k1_c2x1": {"up_proj": _with_tile(_ops.up_proj, WIDE_C2X1, _k1_fits)},
 }
 
 
@@ -84,11 +104,13 @@ def main():
     parser.add_argument("--configs", default="olmoe-1b-7b,qwen3-30b-a3b,paper-30b-n512,paper-120b-n1024,"
                                              "qwen3-235b-a22b,paper-7b-n1024,paper-7b-n256,deepseek-v3")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--measure", choices=("backward", "forward"), default="backward")
     args = parser.parse_args()
     _, data, configs = load_anchors()
     variants = args.variants.split(",")
     warm_up_gpu()
-    print(f"{'config':<18}" + "".join(f"{v:>11}" for v in variants) + "   (backward TFLOP/s; up*)   clock MHz  W")
+    print(f"{'config':<18}" + "".join(f"{v:>11}" for v in variants) +
+          f"   ({args.measure} TFLOP/s; up*)   clock MHz  W")
     for name in args.configs.split(","):
         c = configs[name]
         T, d, n, E, K = c["T"], c["d"], c["n"], c["E"], c["K"]
@@ -102,16 +124,23 @@ def main():
                     t.grad = None
                 sonicmoe.moe(x, router, w1, w2, K).backward(grad)
 
-        fns = {"fwd": lambda: sonicmoe.moe(x, router, w1, w2, K)}
-        fns.update({v: functools.partial(step, v) for v in variants})
+        def forward(variant):
+            with overridden(variant):
+                return sonicmoe.moe(x, router, w1, w2, K)
+
+        fns = {"fwd": lambda: sonicmoe.moe(x, router, w1, w2, K)} if args.measure == "backward" else {}
+        timed = step if args.measure == "backward" else forward
+        fns.update({v: functools.partial(timed, v) for v in variants})
         ms = time_interleaved(fns, rounds=args.rounds, iters=5)
         try:  # NVML (pynvml) may be missing
             clock, watts = torch.cuda.clock_rate(), f"{torch.cuda.power_draw() / 1e3:.0f}"
         except Exception as e:  # noqa: BLE001
             clock, watts = "-", type(e).__name__
-        bwd_flops = 12.0 * T * K * d * n
-        tf = {v: bwd_flops / (ms[v] - ms["fwd"]) / 1e9 for v in variants}
-        up = upstream_anchor(data["rows"], name).get("bwd_tflops")
+        if args.measure == "backward":
+            tf = {v: 12.0 * T * K * d * n / (ms[v] - ms["fwd"]) / 1e9 for v in variants}
+        else:
+            tf = {v: 6.0 * T * K * d * n / ms[v] / 1e9 for v in variants}
+        up = upstream_anchor(data["rows"], name).get("bwd_tflops" if args.measure == "backward" else "fwd_tflops")
         print(f"{name:<18}" + "".join(f"{tf[v]:>11.1f}" for v in variants) + f"   ({up})   {clock}  {watts}",
               flush=True)
         del x, router, w1, w2, grad, params, fns
