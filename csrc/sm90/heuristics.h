@@ -14,7 +14,8 @@ namespace sonicmoe::sm90 {
 // costs are spread over k / 64 steps. On the H200 (session 13, call 3; two rounds each) K4 on the
 // cooperative 128 x 256 tile ran 11% faster clustered at deepseek-v3 (k 7168), K1 4.5% there and
 // 2% at qwen3-235b-a22b (k 4096), K6 1-3.5% at k 3072 and 4096; at k 2048 (olmoe-1b-7b,
-// qwen3-30b-a3b) K1, K2 and K6 ran 0-5% slower clustered.
+// qwen3-30b-a3b) K1, K2 and K6 ran 0-5% slower clustered. K4 has its own rule (from d 2048,
+// choose_down_proj_grad_config), timed as the layer's backward.
 constexpr int64_t kClusterMinK = 3072;
 
 inline GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_t k,
@@ -68,8 +69,9 @@ inline GemmTileConfig choose_up_proj_config(int64_t n, int64_t d) {
 // otherwise ping-pong 128 x 128, whose epilogue overlaps the other warpgroup's mainloop. On the
 // H200: unclustered at d >= 4096 up to 8% faster than ping-pong (session 11, calls 2-3; the
 // layer's backward +0.5% to +5%), clustered 11% faster again at deepseek-v3 (session 13). At d 2048
-// clustered, the layer's backward (session 14, calls 4-5): olmoe-1b-7b +4.4%, qwen3-30b-a3b level;
-// at d 1536 it lost (paper-7b-n1024 -6.7%, paper-7b-n256 -2.9%).
+// clustered, the layer's backward (session 14, calls 4-5): olmoe-1b-7b +4.4% / +3.2% / 0.0,
+// qwen3-30b-a3b -0.7% / 0.0 / -0.5% (level); at d 1536 it lost (paper-7b-n1024 -6.7%,
+// paper-7b-n256 -2.9%).
 inline GemmTileConfig choose_down_proj_grad_config(int64_t n, int64_t d) {
   if (n % 256 != 0 || d < 2048) return GemmTileConfig::kVarlenPingpong128x128x64;
   return GemmTileConfig::kVarlenCooperative128x256x64C2x1;
