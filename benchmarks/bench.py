@@ -62,6 +62,18 @@ def time_ms(fn, warmup=10, iters=100):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def cuda_events(fn):
+    """The kernels and copies of one call of fn (torch profiler events on the GPU), in launch
+    order: .name, .device_time (µs), .time_range (start, end in µs)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda e: e.time_range.start)
+
+
 def warm_up_gpu(seconds=1.0):
     """Bring the clocks up before the first measurement (the card idles at a low SM clock)."""
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

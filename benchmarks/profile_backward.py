@@ -6,7 +6,9 @@ kernels' summed time, the largest idle gaps between consecutive kernels, and CUD
 the backward alone and of bench.py's step (forward + backward) less the forward, which is how
 bench.py's moe_backward column is made.
 
-    python benchmarks/profile_backward.py [paper-30b-n512] [qwen3-235b-a22b] [olmoe-1b-7b] [qwen3-30b-a3b] [paper-120b-n1024]
+    python benchmarks/profile_backward.py [CONFIG ...]
+
+CONFIG: anchor config names; by default the five where the backward trails upstream's.
 """
 import statistics
 import sys
@@ -16,12 +18,10 @@ import torch
 sys.path.insert(0, "python")  # run from the repository root
 sys.path.insert(0, "benchmarks")
 import sonicmoe
-from bench import layer_params
-from torch.profiler import profile, ProfilerActivity
+from bench import cuda_events, layer_params, load_anchors
 
-CFGS = {"paper-30b-n512": (32768, 4096, 512, 128, 8), "qwen3-235b-a22b": (32768, 4096, 1536, 128, 8),
-        "olmoe-1b-7b": (32768, 2048, 1024, 64, 8), "qwen3-30b-a3b": (32768, 2048, 768, 128, 8),
-        "paper-120b-n1024": (32768, 4096, 1024, 128, 8)}
+_, _, CONFIGS = load_anchors()
+DEFAULT = ["paper-30b-n512", "qwen3-235b-a22b", "olmoe-1b-7b", "qwen3-30b-a3b", "paper-120b-n1024"]
 
 
 def events_ms(fn, before=None, iters=10):
@@ -38,8 +38,8 @@ def events_ms(fn, before=None, iters=10):
     return statistics.median(times[2:])
 
 
-for name in sys.argv[1:] or CFGS:
-    T, d, n, E, K = CFGS[name]
+for name in sys.argv[1:] or DEFAULT:
+    T, d, n, E, K = (CONFIGS[name][k] for k in ("T", "d", "n", "E", "K"))
     x, router, w1, w2 = layer_params(T, d, n, E)
     grad = torch.randn(T, d, device="cuda").bfloat16()
     params = (x, router, w1, w2)
@@ -74,11 +74,7 @@ for name in sys.argv[1:] or CFGS:
     fwd_ms, step_ms = events_ms(forward), events_ms(step)
     flops = 12.0 * T * K * d * n
     out = fresh_forward()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out.backward(grad)
-        torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
+    events = cuda_events(lambda: out.backward(grad))
     total = sum(e.device_time for e in events)
     span = events[-1].time_range.end - events[0].time_range.start
     print(f"== {name} backward: {len(events)} kernels/copies, {total/1e3:.3f} ms device time, "
@@ -87,8 +83,8 @@ for name in sys.argv[1:] or CFGS:
           f"({flops / (step_ms - fwd_ms) / 1e9:.1f} TF; step {step_ms:.3f}, forward {fwd_ms:.3f})")
     for e in events:
         print(f"  {e.device_time:9.1f} us  {e.name[:110]}")
-    gaps = sorted(((b.time_range.start - a.time_range.end, a.name[:50], b.name[:50])
-                   for a, b in zip(events, events[1:])), reverse=True)[:6]
-    print("  largest gaps: " + "; ".join(f"{g:.0f} us before {nb}" for g, _, nb in gaps))
+    gaps = sorted(((b.time_range.start - a.time_range.end, b.name[:50]) for a, b in zip(events, events[1:])),
+                  reverse=True)[:6]
+    print("  largest gaps: " + "; ".join(f"{g:.0f} us before {nb}" for g, nb in gaps))
     del x, router, w1, w2, grad, out, params
     torch.cuda.empty_cache()

@@ -10,22 +10,17 @@ import torch
 sys.path.insert(0, "python")  # run from the repository root
 sys.path.insert(0, "benchmarks")
 import sonicmoe
-from bench import layer_params
-from torch.profiler import profile, ProfilerActivity
+from bench import TOKEN_ROUNDING_SWEEPS, cuda_events, layer_params
 
-T, d, n, K, TILE = 16384, 1536, 256, 8, 128
+SWEEP_1 = TOKEN_ROUNDING_SWEEPS["T16384-d1536-n256-K8"][0]
+T, d, n, K, TILE = SWEEP_1["T"], SWEEP_1["d"], SWEEP_1["n"], SWEEP_1["K"], 128
 
 
 def kernel_list(fn):
     """(name, µs) of every kernel or copy one call of fn runs, in launch order."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
+    events = cuda_events(fn)
     return [(e.name, e.device_time) for e in events]
 
 
