@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -97,6 +98,36 @@ Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, in
 // clusters gets an even grid of at most as many clusters as can be resident at once (the
 // SMs of a GPC pair up, so an odd GPC leaves one SM out) and as there are pairs of tiles
 // (max_tiles / 2).
+// Per device, once per kernel: the dynamic shared memory opt-in and, for a clustered kernel, how
+// many of its clusters can be resident at once (cudaOccupancyMaxActiveClusters, a driver query
+// that would otherwise run on every launch). *resident: that count, 1 for an unclustered kernel.
+// (A cudaDeviceReset would drop the opt-in behind the cache's back; nothing here resets.)
+template <class Kernel>
+Status prepare_on_device(const cudaLaunchConfig_t& cluster_config, int* resident) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> prepared[kMaxDevices];  // 0 = not yet; else the resident count
+  int device = 0;
+  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+  if (device < kMaxDevices) {
+    const int cached = prepared[device].load(std::memory_order_acquire);
+    if (cached > 0) {
+      *resident = cached;
+      return Status::success();
+    }
+  }
+  auto* kernel = &varlen_gemm_kernel<Kernel>;
+  SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(Kernel::kSmemBytes)));
+  int count = 1;
+  if constexpr (Kernel::kClusterM > 1) {
+    SONICMOE_CUDA_TRY(cudaOccupancyMaxActiveClusters(&count, kernel, &cluster_config));
+    if (count < 1) return Status::error("grouped GEMM: no 2 x 1 cluster of this kernel fits on the device");
+  }
+  if (device < kMaxDevices) prepared[device].store(count, std::memory_order_release);
+  *resident = count;
+  return Status::success();
+}
+
 template <class Kernel>
 Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_offsets,
                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
@@ -106,28 +137,25 @@ Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_
   params.num_experts = num_experts;
   params.m_total = static_cast<int>(m_total);
   auto* kernel = &varlen_gemm_kernel<Kernel>;
-  SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(Kernel::kSmemBytes)));
   constexpr int kClusterM = Kernel::kClusterM;
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kClusterM;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.blockDim = dim3(Kernel::kThreads);
+  config.dynamicSmemBytes = Kernel::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  config.gridDim = dim3(static_cast<unsigned>(kClusterM * std::max(1, sm_count / kClusterM)));
+  int resident = 1;
+  SONICMOE_TRY(prepare_on_device<Kernel>(config, &resident));
   if constexpr (kClusterM == 1) {
     const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sm_count, max_tiles)));
     kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
   } else {
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kClusterM;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.blockDim = dim3(Kernel::kThreads);
-    config.dynamicSmemBytes = Kernel::kSmemBytes;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    config.gridDim = dim3(static_cast<unsigned>(kClusterM * (sm_count / kClusterM)));
-    int resident = 0;
-    SONICMOE_CUDA_TRY(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-    if (resident < 1) return Status::error("grouped GEMM: no 2 x 1 cluster of this kernel fits on the device");
     const int64_t units = max_tiles / kClusterM;  // pairs
     config.gridDim = dim3(static_cast<unsigned>(kClusterM * std::max<int64_t>(1, std::min<int64_t>(resident, units))));
     SONICMOE_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, params));
