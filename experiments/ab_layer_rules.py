@@ -13,7 +13,9 @@ Variants (each a set of overrides of sonicmoe.functional while its step runs):
              clustered wide tile from d 2048);
   k6_c2x1    K6 on the clustered wide tile wherever d % 256 == 0;
   k2_co, k2_c2x1  (forward) K2 on the varlen wide tile, unclustered / clustered, where d % 256 == 0;
-  k1_co, k1_c2x1  (forward) K1 on the wide tile unclustered / clustered wherever n % 128 == 0.
+  k1_co, k1_c2x1  (forward) K1 on the wide tile unclustered / clustered wherever n % 128 == 0;
+  router_apart  the router GEMM, R and the expert MLPs as separate autograd nodes (before session
+             15's _MoELayer: autograd adds the router's part of dx in a pass of its own).
 With --measure forward the table is the training forward's TFLOP/s under each variant (H kept).
 Session 14's call 3 also ran K4 on the ping-pong 64 x 256 tile of experiments/pingpong_64x256.diff
 here (config 11 where n % 256 == 0 and d < 4096; measured and dropped, docs/perf-notes.md).
@@ -70,6 +72,36 @@ def _k6_fits(d_h, w1, *_):
     return w1.shape[2] % 256 == 0
 
 
+class _RouterTopK(torch.autograd.Function):
+    """R alone with autograd, as the layer ran it before _MoELayer (session 15): top-K and fp32
+    scores by the kernel; backward the scores' gradient to the logits."""
+
+    @staticmethod
+    def forward(ctx, logits, top_k, routing):
+        scores, experts = _ops.router_topk(logits, top_k, routing)
+        ctx.mark_non_differentiable(experts)
+        ctx.save_for_backward(logits if routing == "softmax_topk" else None, scores, experts)
+        ctx.routing, ctx.num_experts, ctx.logits_dtype = routing, logits.shape[-1], logits.dtype
+        return scores, experts
+
+    @staticmethod
+    def backward(ctx, grad_scores, _grad_experts):
+        logits, scores, experts = ctx.saved_tensors
+        grad = F.router_scores_backward(logits, scores, experts, grad_scores, ctx.routing,
+                                        num_experts=ctx.num_experts)
+        return grad.to(ctx.logits_dtype), None, None
+
+
+class _LayerApart:
+    """The top-K layer as separate autograd nodes (router GEMM, R, moe_routed): autograd sums the
+    two parts of dx in a pass of its own."""
+
+    @staticmethod
+    def apply(x, router_weight, w1, w2, top_k, routing, keep_h):
+        scores, experts = _RouterTopK.apply(torch.nn.functional.linear(x, router_weight), top_k, routing)
+        return F.moe_routed(x, w1, w2, scores, experts)
+
+
 OVERRIDES = {
     "base": {},
     "rules_s13": {"_dw2_on_k5": lambda n, partial_rows: not partial_rows and n <= 1024,
@@ -83,6 +115,7 @@ OVERRIDES = {
     "k2_c2x1": {"grouped_gemm": _with_tile(_ops.grouped_gemm, WIDE_C2X1, _k2_fits)},
     "k1_co": {"up_proj": _with_tile(_ops.up_proj, "varlen_cooperative_128x256x64", _k1_fits)},
     "k1_c2x1": {"up_proj": _with_tile(_ops.up_proj, WIDE_C2X1, _k1_fits)},
+    "router_apart": {"_MoELayer": _LayerApart},
 }
 
 

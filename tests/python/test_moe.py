@@ -3,6 +3,7 @@
 Routing decisions are taken once and shared (DESIGN §7: near-ties flip under bf16), so the
 comparison is of the expert math and the combine, forward and backward."""
 
+import re
 import zlib
 
 import pytest
@@ -79,6 +80,10 @@ def test_module_layout_and_shapes():
     (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1, w2, 0), ValueError, "top_k: expected 1 <= top_k <= E = 4"),
     (lambda x, r, w1, w2: sonicmoe.moe(x, r[:, :8], w1, w2, 2), ValueError, "router_weight: expected shape"),
     (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1[:, :6], w2, 2), ValueError, r"w1: expected shape \(E, 2n, d\)"),
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r, w1[:2], w2[:2], 2), ValueError,
+     re.escape("w2: expected shape (E, d, n) with (E, d) = (4, 32), got (2, 32, 16)")),
+    (lambda x, r, w1, w2: sonicmoe.moe(x, r.double(), w1, w2, 2), ValueError,
+     re.escape("router_weight: expected dtype torch.float32 (the dtype of x), got torch.float64")),
     (lambda x, r, w1, w2: sonicmoe.moe_routed(x, w1, w2, torch.ones(3, 2), torch.zeros(9, 2, dtype=torch.long)),
      ValueError, r"scores: expected shape \(T, K\) with T = 9"),
     (lambda x, r, w1, w2: sonicmoe.moe_routed(x, w1, w2, torch.ones(9, 2), torch.zeros(9, 2)),

@@ -23,7 +23,7 @@ def test_router_scores_backward_matches_autograd(routing):
     (want,) = torch.autograd.grad(scores, logits, grad)
     got = router_scores_backward(logits.detach(), scores.detach(), experts, grad, routing)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
-    if routing != "softmax_topk":  # what _RouterTopK saves for these modes: no logits
+    if routing != "softmax_topk":  # what _MoELayer saves for these modes: no logits
         lean = router_scores_backward(None, scores.detach(), experts, grad, routing, num_experts=12)
         torch.testing.assert_close(lean.double(), want, rtol=1e-5, atol=1e-6)
 
