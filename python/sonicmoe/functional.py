@@ -7,7 +7,9 @@ can be captured in a CUDA graph.
 
 Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients on our
 K5/K7 (weight_grad) where they outrun torch._grouped_mm over gathered copies, which eager mode
-uses elsewhere; compiled graphs run K5/K7 (see _experts_backward).
+uses elsewhere; compiled graphs run K5/K7 (see _experts_backward). sonicmoe.moe's top-K layer is
+one autograd Function (_MoELayer), whose backward adds the router's part of dx onto K8's output
+inside the router's GEMM.
 Token rounding runs the same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).

@@ -202,6 +202,32 @@ def test_router_weight_receives_gradient():
 
 
 @requires_hopper
+@pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk", "softmax_topk_norm"])
+def test_every_gradient_of_the_layer(routing):
+    # dx is the experts' part (K8) plus the router's (added inside the router's GEMM by
+    # _MoELayer); both against float64 autograd of the reference with the layer's own routing
+    # decisions (R's kernel on the same bf16 logits).
+    gen = generator("cuda", "layer-grads", routing)
+    leaves = [t.requires_grad_(True) for t in make_layer(300, 128, 64, 8, "cuda", gen)]
+    x, router, w1, w2 = leaves
+    out = sonicmoe.moe(x, router, w1, w2, 2, routing=routing)
+    g = torch.randn(out.shape, device="cuda", generator=gen)
+    out.backward(g.to(out.dtype))
+    with torch.no_grad():
+        experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), 2, routing)[1].long()
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in leaves]
+    rx, rrouter, rw1, rw2 = ref_leaves
+    logits = rx @ rrouter.t()
+    if routing == "softmax_topk":
+        scores = logits.softmax(-1).gather(1, experts)
+    else:  # topk_softmax and softmax_topk_norm: the softmax over the chosen logits
+        scores = logits.gather(1, experts).softmax(-1)
+    reference.moe_routed(rx, rw1, rw2, scores, experts).backward(g.double())
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref_leaves):
+        assert rel(got.grad, want.grad) <= 2e-2, name
+
+
+@requires_hopper
 @pytest.mark.parametrize("d", [256, 4096])  # d 4096: K1 on the clustered tile (a cluster launch)
 def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph(d):
     gen = generator("cuda", "graph", d)
