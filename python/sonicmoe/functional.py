@@ -34,10 +34,10 @@ def _shape(t):
     return tuple(t.shape)
 
 
-def _check_one_device(*tensors):
+def _check_one_device(names, *tensors):
     devices = {t.device for t in tensors}
     if len(devices) != 1:
-        raise ValueError(f"x, w1, w2, scores, experts: expected one device, got {sorted(map(str, devices))}")
+        raise ValueError(f"{names}: expected one device, got {sorted(map(str, devices))}")
 
 
 def _kernel_path(x, w1, w2) -> bool:
@@ -282,7 +282,7 @@ def moe_routed(x, w1, w2, scores, experts):
     ids in [0, E) (not range-checked on the device: that would sync). Returns (T, d).
     """
     reference.check_routed_args(x, w1, w2, scores, experts)
-    _check_one_device(x, w1, w2, scores, experts)
+    _check_one_device("x, w1, w2, scores, experts", x, w1, w2, scores, experts)
     if not _kernel_path(x, w1, w2):
         return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
     return _MoEExperts.apply(x, w1, w2, scores.float(), experts, _grad_enabled_for(x, w1, w2, scores))
@@ -316,7 +316,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     x2 = x.reshape(-1, d)
     if x2.is_cuda and extension_available() and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K:
         reference._check_expert_weights(x2, w1, w2)
-        _check_one_device(x2, router_weight, w1, w2)
+        _check_one_device("x, router_weight, w1, w2", x2, router_weight, w1, w2)
         if _kernel_path(x2, w1, w2):
             keep_h = _grad_enabled_for(x2, router_weight, w1, w2)
             return _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h).reshape(x.shape)

@@ -88,6 +88,9 @@ def test_module_layout_and_shapes():
      ValueError, r"scores: expected shape \(T, K\) with T = 9"),
     (lambda x, r, w1, w2: sonicmoe.moe_routed(x, w1, w2, torch.ones(9, 2), torch.zeros(9, 2)),
      ValueError, "experts: expected an integer dtype"),
+    (lambda x, r, w1, w2: sonicmoe.moe_routed(x, w1.to("meta"), w2, torch.ones(9, 2),
+                                              torch.zeros(9, 2, dtype=torch.long)),
+     ValueError, re.escape("x, w1, w2, scores, experts: expected one device, got ['cpu', 'meta']")),
 ])
 def test_validation_errors(call, exc, match):
     x, router, w1, w2 = make_layer(9, 32, 16, 4, "cpu", generator("cpu", "val"), torch.float32)
