@@ -93,11 +93,6 @@ Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, in
   return make_row_major_tensor_map(map, a, m_total, k, Mainloop::kTileK, Mainloop::kTileM, "a");
 }
 
-// Fills the routing fields of params and launches the persistent grid on `stream`: one CTA
-// per SM, or per tile where there are fewer tiles (at most max_tiles). A kernel of 2 x 1
-// clusters gets an even grid of at most as many clusters as can be resident at once (the
-// SMs of a GPC pair up, so an odd GPC leaves one SM out) and as there are pairs of tiles
-// (max_tiles / 2).
 // Per device, once per kernel: the dynamic shared memory opt-in and, for a clustered kernel, how
 // many of its clusters can be resident at once (cudaOccupancyMaxActiveClusters, a driver query
 // that would otherwise run on every launch). *resident: that count, 1 for an unclustered kernel.
@@ -128,6 +123,11 @@ Status prepare_on_device(const cudaLaunchConfig_t& cluster_config, int* resident
   return Status::success();
 }
 
+// Fills the routing fields of params and launches the persistent grid on `stream`: one CTA
+// per SM, or per tile where there are fewer tiles (at most max_tiles). A kernel of 2 x 1
+// clusters gets an even grid of at most as many clusters as can be resident at once (the
+// SMs of a GPC pair up, so an odd GPC leaves one SM out) and as there are pairs of tiles
+// (max_tiles / 2).
 template <class Kernel>
 Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_offsets,
                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
