@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/arch/cluster_sm90.hpp"
 #include "cute/tensor.hpp"
@@ -21,6 +22,23 @@
 #include "sm90/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
+
+// The epilogue's shared memory per consumer warpgroup: its own SmemTile where it has one (an
+// epilogue source by TMA: K4's H), else the staging tile of its EpilogueTile.
+template <class Epilogue, class = void>
+struct EpilogueSmemOf {
+  using type = typename Epilogue::Tile::SmemTile;
+};
+template <class Epilogue>
+struct EpilogueSmemOf<Epilogue, std::void_t<typename Epilogue::SmemTile>> {
+  using type = typename Epilogue::SmemTile;
+};
+
+// Whether the epilogue reads a source by TMA into its SmemTile (load_source, init_source).
+template <class Epilogue, class = void>
+struct LoadsSource : std::false_type {};
+template <class Epilogue>
+struct LoadsSource<Epilogue, std::void_t<decltype(&Epilogue::init_source)>> : std::true_type {};
 
 template <class Mainloop_, class Epilogue_,
           class Scheduler_ = VarlenTileScheduler<Mainloop_::kTileM, Mainloop_::kClusterM>>
@@ -39,11 +57,12 @@ struct VarlenGemmKernel {
   // in its k loop (ncu: ~0.9M local-memory requests per call, K1 stalled on them).
   static constexpr int kProducerRegs = Mainloop::kCpAsyncProducer ? 72 : 40;
   static constexpr int kConsumerRegs = Mainloop::kCpAsyncProducer ? 216 : 232;
-  using EpilogueSmem = typename Epilogue::Tile::SmemTile;
+  using EpilogueSmem = typename EpilogueSmemOf<Epilogue>::type;
+  static constexpr size_t kEpilogueSmemAlign = alignof(EpilogueSmem) > 16 ? alignof(EpilogueSmem) : 16;
 
   struct SharedStorage {
     typename Mainloop::SharedStorage mainloop;
-    alignas(16) EpilogueSmem epilogue[2];  // one per consumer warpgroup
+    alignas(kEpilogueSmemAlign) EpilogueSmem epilogue[2];  // one per consumer warpgroup
     typename Mainloop::Barriers stage_barriers;
     // mma_turn[c] completes a phase when the other consumer has issued a tile's mainloop: the
     // ping-pong order (below).
@@ -85,7 +104,8 @@ struct VarlenGemmKernel {
     if (threadIdx.x == 0) {
       cutlass::arch::ClusterBarrier::init(&s.mma_turn[0], 4);  // one arrival per warp
       cutlass::arch::ClusterBarrier::init(&s.mma_turn[1], 4);
-      Mainloop::init_barriers(s.stage_barriers);
+      if constexpr (LoadsSource<Epilogue>::value) Epilogue::init_source(p.epilogue, s.epilogue);
+      Mainloop::init_barriers(s.stage_barriers);  // ends with the barriers' init fence
       Mainloop::prefetch_descriptors(p.mainloop);
     }
     if constexpr (kClusterM > 1) {
@@ -133,6 +153,8 @@ struct VarlenGemmKernel {
         // k steps, and a parity wait more than one phase ahead would pass on stale data.
         if (j > 0) cutlass::arch::ClusterBarrier::wait(&s.mma_turn[consumer], ((j - 1) / 2) & 1);
       }
+      if constexpr (LoadsSource<Epilogue>::value)
+        Epilogue::load_source(p.epilogue, s.epilogue[consumer], tile, coords, thread_in_warpgroup);
       Mainloop::mma(p.mainloop, s.mainloop, s.stage_barriers, accum, tile, iteration, mma_thread);
       if constexpr (!kCooperative) {
         if (warp_leader) cutlass::arch::ClusterBarrier::arrive(&s.mma_turn[1 - consumer]);

@@ -254,16 +254,33 @@ Status run_up_proj_varlen(const UpProjParams& p) {
 // K4: dA' = dO[gather] @ w2[e] with dO rows gathered by cp.async and w2 (E, d, n) read N-major
 // by TMA, the dSwiGLU / score-gradient epilogue reading H (DownProjGradParams). Each K4 unit
 // instantiates it for one varlen configuration.
+template <class Mainloop, bool kSmemSource>
+struct DownProjGradEpilogueFor {
+  using type = DSwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>;
+};
+template <class Mainloop>
+struct DownProjGradEpilogueFor<Mainloop, true> {
+  using type = DSwiGLUSmemSourceEpilogue<Mainloop::kTileM, Mainloop::kTileN>;
+};
+
 template <GemmTileConfig kConfig>
 Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/false>;
-  using Kernel = VarlenGemmKernel<Mainloop, DSwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>>;
+  // The cooperative 128 x 256 tiles read H through shared memory (DSwiGLUSmemSourceEpilogue).
+  constexpr bool kSmemSource = !gemm_tile_shape(kConfig).pingpong && Mainloop::kTileM == 128 &&
+                               Mainloop::kTileN == 256;
+  using Kernel = VarlenGemmKernel<Mainloop, typename DownProjGradEpilogueFor<Mainloop, kSmemSource>::type>;
   static_assert(Kernel::Epilogue::kSlotCols == kDownProjGradBlockCols, "d_score_partial slots");
   using Element = cutlass::bfloat16_t;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w2, p.n, p.d, p.num_experts));
   set_gathered_a(params.mainloop, p.d_out, p.gather_idx, p.num_tokens, p.d);
-  params.epilogue.h = static_cast<const Element*>(p.h);
+  if constexpr (kSmemSource) {
+    SONICMOE_TRY(make_row_major_tensor_map(&params.epilogue.tma_h, p.h, p.m_total, 2 * p.n,
+                                           Kernel::Epilogue::kQuarterCols, Kernel::Epilogue::kRows, "h"));
+  } else {
+    params.epilogue.h = static_cast<const Element*>(p.h);
+  }
   params.epilogue.row_score = p.row_score;
   params.epilogue.d_h = static_cast<Element*>(p.d_h);
   params.epilogue.a_scaled = static_cast<Element*>(p.a_scaled);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/bfloat16.h"
@@ -51,6 +52,13 @@ __device__ __forceinline__ void load_16B(uint32_t (&v)[4], const void* src, bool
   } else {
     v[0] = v[1] = v[2] = v[3] = 0u;
   }
+}
+
+// One 16-byte shared-memory load (addr: a shared-window address, 16-byte aligned).
+__device__ __forceinline__ void load_shared_16B(uint32_t (&v)[4], uint32_t addr) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(addr));
 }
 
 // Transposes a 4 x 4 matrix of registers across the 4 lanes of a quad: lane l's x[i] becomes
@@ -446,6 +454,38 @@ struct SwiGLUEpilogue {
 // through shared memory measured slower: docs/perf-notes.md, session 9). The dS partial of each
 // row and 128-column slot (kSlotCols) goes to its own place, summed over the slots in a fixed
 // order later (deterministic, no atomics).
+// K4's math for the 4 column groups j0 .. j0 + 3 of accumulator row (v1, m): g4 / u4 hold H's gate
+// and up pairs in the accumulator's layout (after quad_transpose); returns dH's gate and up pairs
+// and A' = s * A, and adds the row's dS terms to d_score.
+template <class Accumulator>
+__device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1, int m, int j0, float score,
+                                               const uint32_t (&g4)[4], const uint32_t (&u4)[4], uint32_t (&dg4)[4],
+                                               uint32_t (&du4)[4], uint32_t (&as4)[4], float& d_score) {
+  using namespace cute;
+  CUTLASS_PRAGMA_UNROLL
+  for (int b = 0; b < 4; ++b) {
+    const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g4[b]));
+    const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u4[b]));
+    float dg[2], du[2], as[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int v0 = 0; v0 < 2; ++v0) {
+      const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
+      const float d_a_prime = accum(make_coord(make_coord(v0, v1, j0 + b), m, 0));
+      const float sig = fast_sigmoid(gate);
+      const float silu = gate * sig;
+      const float a = silu * up;
+      d_score = fmaf(d_a_prime, a, d_score);
+      const float d_a = score * d_a_prime;
+      dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
+      du[v0] = d_a * silu;
+      as[v0] = score * a;
+    }
+    dg4[b] = pack_bf16x2(dg[0], dg[1]);
+    du4[b] = pack_bf16x2(du[0], du[1]);
+    as4[b] = pack_bf16x2(as[0], as[1]);
+  }
+}
+
 template <int kTileM, int kTileN>
 struct DSwiGLUEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
@@ -520,32 +560,10 @@ struct DSwiGLUEpilogue {
           // where bf16-pair stores wrote 8 rows x 16 bytes per instruction).
           CUTLASS_PRAGMA_UNROLL
           for (int q0 = 0; q0 < kBatch; q0 += 4) {
+            // Columns past n and rows past the tile load H as 0: every result is 0 there, and
+            // the stores below skip them.
             uint32_t dg4[4], du4[4], as4[4];
-            CUTLASS_PRAGMA_UNROLL
-            for (int b = 0; b < 4; ++b) {
-              // Columns past n and rows past the tile load H as 0: every result is 0 there,
-              // and the stores below skip them.
-              const int j = j0 + q0 + b;
-              const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g4[q0 / 4][b]));
-              const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u4[q0 / 4][b]));
-              float dg[2], du[2], as[2];
-              CUTLASS_PRAGMA_UNROLL
-              for (int v0 = 0; v0 < 2; ++v0) {
-                const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
-                const float d_a_prime = accum(make_coord(make_coord(v0, v1, j), m, 0));
-                const float sig = fast_sigmoid(gate);
-                const float silu = gate * sig;
-                const float a = silu * up;
-                d_score = fmaf(d_a_prime, a, d_score);
-                const float d_a = score * d_a_prime;
-                dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
-                du[v0] = d_a * silu;
-                as[v0] = score * a;
-              }
-              dg4[b] = pack_bf16x2(dg[0], dg[1]);
-              du4[b] = pack_bf16x2(du[0], du[1]);
-              as4[b] = pack_bf16x2(as[0], as[1]);
-            }
+            dswiglu_groups(accum, v1, m, j0 + q0, score, g4[q0 / 4], u4[q0 / 4], dg4, du4, as4, d_score);
             quad_transpose(dg4);
             quad_transpose(du4);
             quad_transpose(as4);
@@ -570,6 +588,148 @@ struct DSwiGLUEpilogue {
         }
       }
     }
+  }
+};
+
+// K4 on the cooperative 128 x 256 tiles with H through shared memory: each warpgroup (64 rows)
+// reads H a quarter of the tile (64 n columns) at a time, gate and up, by TMA into its own
+// buffer: the first quarter is asked for when the warpgroup starts the tile's mainloop, each
+// later one when the previous quarter's reads are done. The register path above waits a global
+// round trip for every 8 column groups of a row pair (8 per tile); here the epilogue waits at most
+// three TMA loads per tile, and H takes no registers while it is in flight. Math, stores and the
+// score slots as in DSwiGLUEpilogue.
+template <int kTileM, int kTileN>
+struct DSwiGLUSmemSourceEpilogue {
+  static_assert(kTileM == 128 && kTileN == 256, "the cooperative 128 x 256 tiles: 64 rows per warpgroup");
+  using Tile = EpilogueTile<kTileM, kTileN>;
+  using Element = typename Tile::Element;
+  static constexpr int kBoxRowsB = 64;
+  static constexpr int kSlotCols = 128;
+  static constexpr int kRows = 64;          // a warpgroup's rows of the tile
+  static constexpr int kQuarterCols = 64;   // n columns per H load: one 128-byte swizzle row
+  static constexpr int kQuarters = kTileN / kQuarterCols;
+  static constexpr uint32_t kQuarterBytes = 2 * kRows * kQuarterCols * sizeof(Element);
+
+  // A warpgroup's quarter of H: gate and up columns, each a 64 x 64 TMA box in the 128-byte
+  // swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)); `full` completes when both land.
+  struct alignas(1024) SmemTile {
+    Element gate[kRows * kQuarterCols];
+    Element up[kRows * kQuarterCols];
+    uint64_t full;
+  };
+
+  struct Params {
+    CUtensorMap tma_h;                 // H (m_total, 2n) in boxes of 64 columns x 64 rows
+    const float* row_score = nullptr;  // (m_total)
+    Element* d_h = nullptr;            // (m_total, 2n)
+    Element* a_scaled = nullptr;       // (m_total, n)
+    float* d_score_partial = nullptr;  // (m_total, ceil(n / kSlotCols))
+    int n = 0;
+  };
+
+  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
+  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
+    cute::array<int, kTileN / kBoxRowsB> cols;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kTileN / kBoxRowsB; ++i) cols[i] = t.n_block * kTileN + i * kBoxRowsB;
+    return cols;
+  }
+
+  // Once per CTA, by one thread, before the barriers' init fence.
+  static __device__ void init_source(const Params& p, SmemTile (&s)[2]) {
+    cutlass::arch::ClusterBarrier::init(&s[0].full, 1);
+    cutlass::arch::ClusterBarrier::init(&s[1].full, 1);
+    cute::prefetch_tma_descriptor(&p.tma_h);
+  }
+
+  // Thread 0 of the warpgroup asks for quarter q of its rows' H. Rows past the expert or past
+  // m_total arrive too (zero past m_total); their results are never stored.
+  static __device__ void issue_quarter(const Params& p, SmemTile& s, const VarlenTile& t, int row0, int q) {
+    constexpr uint64_t kCacheHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
+    const int col = t.n_block * kTileN + q * kQuarterCols;
+    const int row = t.row_start + row0;
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full, kQuarterBytes);
+    cute::SM90_TMA_LOAD_2D::copy(&p.tma_h, &s.full, kCacheHint, s.gate, col, row);
+    cute::SM90_TMA_LOAD_2D::copy(&p.tma_h, &s.full, kCacheHint, s.up, p.n + col, row);
+  }
+
+  // Called by the warpgroup as it starts the tile's mainloop: the first quarter.
+  template <class Coords>
+  static __device__ void load_source(const Params& p, SmemTile& s, const VarlenTile& t, const Coords& coords,
+                                     int thread_idx) {
+    if (thread_idx == 0) issue_quarter(p, s, t, Tile::half_row(coords, 0), 0);
+  }
+
+  template <class Accumulator, class Coords>
+  static __device__ void store(const Params& p, SmemTile& s, const Accumulator& accum, const Coords& coords,
+                               const VarlenTile& t, int thread_idx, int barrier_id) {
+    using namespace cute;
+    static_assert(decltype(size<1>(accum))::value == 1, "one 64-row half per warpgroup");
+    const int col0 = t.n_block * kTileN;
+    const int row0 = Tile::half_row(coords, 0);
+    const int64_t h_pitch = 2 * int64_t(p.n);
+    const int slots = (p.n + kSlotCols - 1) / kSlotCols;
+    constexpr int kGroups = kQuarterCols / 8;  // 8-column groups per quarter
+    constexpr int kSlotQuarters = kSlotCols / kQuarterCols;
+    float score[2], d_score[2] = {0.f, 0.f};
+    CUTLASS_PRAGMA_UNROLL
+    for (int v1 = 0; v1 < 2; ++v1) {
+      const int r = get<0>(coords(make_coord(make_coord(0, v1, 0), 0, 0)));
+      score[v1] = r < t.rows ? p.row_score[t.row_start + r] : 0.f;
+    }
+    const uint32_t gate_base = cast_smem_ptr_to_uint(s.gate), up_base = cast_smem_ptr_to_uint(s.up);
+    CUTLASS_PRAGMA_UNROLL
+    for (int q = 0; q < kQuarters; ++q) {
+      // Four loads per tile: quarter q's wait is the (4 j + q)-th on this barrier, parity q % 2.
+      cutlass::arch::ClusterBarrier::wait(&s.full, q % 2);
+      CUTLASS_PRAGMA_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int r = get<0>(coords(make_coord(make_coord(0, v1, 0), 0, 0)));
+        const int local = r - row0;  // row in the warpgroup's boxes
+        const bool row_ok = r < t.rows;
+        const int64_t row = t.row_start + r;
+        CUTLASS_PRAGMA_UNROLL
+        for (int q0 = 0; q0 < kGroups; q0 += 4) {
+          const int j0 = q * kGroups + q0;  // the accumulator's column group
+          const int col = col0 + quad_chunk_col(coords, v1, j0, 0);
+          const int chunk = (col - col0 - q * kQuarterCols) / 8;  // 16-byte chunk in the box row
+          const uint32_t offset = local * 128 + ((chunk ^ (local % 8)) * 16);
+          uint32_t g4[4], u4[4];
+          load_shared_16B(g4, gate_base + offset);
+          load_shared_16B(u4, up_base + offset);
+          quad_transpose(g4);
+          quad_transpose(u4);
+          uint32_t dg4[4], du4[4], as4[4];
+          dswiglu_groups(accum, v1, 0, j0, score[v1], g4, u4, dg4, du4, as4, d_score[v1]);
+          quad_transpose(dg4);
+          quad_transpose(du4);
+          quad_transpose(as4);
+          if (row_ok && col < p.n) {
+            Element* d_h_row = p.d_h + row * h_pitch;
+            store_16B(d_h_row + col, dg4);
+            store_16B(d_h_row + p.n + col, du4);
+            store_16B(p.a_scaled + row * p.n + col, as4);
+          }
+        }
+        if ((q + 1) % kSlotQuarters == 0) {
+          // The row's sum over one slot's columns, in a fixed order across the quad (as above).
+          float sum = d_score[v1];
+          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+          const int slot = t.n_block * (kTileN / kSlotCols) + q / kSlotQuarters;
+          if (row_ok && threadIdx.x % 4 == 0 && slot < slots) p.d_score_partial[row * slots + slot] = sum;
+          d_score[v1] = 0.f;
+        }
+      }
+      // Every thread's reads of the buffer are done before TMA writes it again (the next quarter,
+      // or the next tile's first, issued by this warpgroup's thread 0).
+      Tile::sync(barrier_id);
+      if (q + 1 < kQuarters && thread_idx == 0) {
+        cutlass::arch::fence_view_async_shared();
+        issue_quarter(p, s, t, row0, q + 1);
+      }
+    }
+    if (thread_idx == 0) cutlass::arch::fence_view_async_shared();
   }
 };
 
