@@ -250,6 +250,24 @@ struct RouterTopkParams {
 std::string check_router_topk(const RouterTopkParams& params);
 Status run_router_topk(const RouterTopkParams& params);
 
+// Token rounding's probabilities (DESIGN §6): the softmax over all E in fp32 of logits (T, E),
+// fp32 or bf16, with the top-K choice of R (ties to the lower expert id), written expert-major
+// for the rounding kernels: probs_t (E, T) fp32 and chosen_t (E, T) bool; and row-major probs
+// (T, E) fp32 when non-null. Limits of R: E <= kMaxRouterExperts, K <= min(E, kMaxRouterTopK).
+struct RoundingProbsParams {
+  const void* logits = nullptr;  // (num_tokens, num_experts), row-major
+  bool logits_bf16 = false;      // else fp32
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int top_k = 0;
+  float* probs = nullptr;        // (num_tokens, num_experts) or null
+  float* probs_t = nullptr;      // (num_experts, num_tokens)
+  uint8_t* chosen_t = nullptr;   // (num_experts, num_tokens), 0 / 1
+  cudaStream_t stream = nullptr;
+};
+std::string check_rounding_probs(const RoundingProbsParams& params);
+Status run_rounding_probs(const RoundingProbsParams& params);
+
 // Sorted-layout metadata of (T, K) expert ids: expert_offsets (E+1), gather_idx (T*K, row ->
 // token) and rev_idx (T*K, (t, k) -> row); rows of an expert in (t, k) order. Three launches,
 // integer counts only (deterministic), no host sync; an id outside [0, E) traps on the device.

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "sonicmoe.h"
@@ -28,10 +29,15 @@ namespace sonicmoe {
 namespace {
 
 constexpr int kTopkWarpsPerBlock = 8;
+constexpr int kRoundingTokensPerBlock = 32;  // a warp each; one expert-major row per store
 constexpr int kMaxSlots = kMaxRouterExperts / 32;  // logits per lane
 constexpr int kScanThreads = 1024;
 constexpr int kChunkScanThreads = 256;
 static_assert(kMaxRouterExperts <= kScanThreads, "one scan thread per expert");
+
+// rounding_probs_kernel's shared row pitch: odd, so that 32 tokens' entries of one expert fall in
+// 32 different banks.
+__host__ __device__ constexpr int rounding_rows_pitch(int num_experts) { return num_experts | 1; }
 
 // Floats as unsigned keys of the same order (no NaN): flip every bit of a negative, the sign of
 // a positive; -0 counts as +0 (they compare equal). 0 is below every key of a float, -inf
@@ -53,8 +59,9 @@ struct TopkKey;
 template <>
 struct TopkKey<__nv_bfloat16> {
   static constexpr bool kPacked = true;
-  static __device__ uint32_t make(const __nv_bfloat16* row, int e) {
-    return (order_key(__bfloat162float(row[e])) & 0xffff0000u) | uint32_t(0xffff - e);
+  static __device__ float load(const __nv_bfloat16* row, int e) { return __bfloat162float(row[e]); }
+  static __device__ uint32_t make(float logit, int e) {
+    return (order_key(logit) & 0xffff0000u) | uint32_t(0xffff - e);
   }
   // A negative value's key had 0xffff below its 16 bits (the flipped zeros of the bf16 padding).
   static __device__ float value(uint32_t k) {
@@ -65,34 +72,17 @@ struct TopkKey<__nv_bfloat16> {
 template <>
 struct TopkKey<float> {
   static constexpr bool kPacked = false;
-  static __device__ uint32_t make(const float* row, int e) { return order_key(__ldg(row + e)); }
+  static __device__ float load(const float* row, int e) { return __ldg(row + e); }
+  static __device__ uint32_t make(float logit, int) { return order_key(logit); }
   static __device__ float value(uint32_t k) { return key_value(k); }
 };
 
-// kSlots: logits per lane, at least ceil(E / 32). Each of the K rounds is a per-lane max over
-// the lane's keys and one (bf16) or two (fp32) warp reductions; v1 compared (value, expert)
-// pairs through five shuffle rounds per choice and was issue-bound (ncu: SM 85%, 44.5 us at
-// T 32768, E 128, K 8).
-template <class Logit, int kSlots>
-__global__ void __launch_bounds__(kTopkWarpsPerBlock * 32)
-router_topk_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
-                   int mode, float* __restrict__ scores, int32_t* __restrict__ experts) {
-  using Key = TopkKey<Logit>;
-  const int lane = threadIdx.x % 32;
-  const int64_t t = int64_t(blockIdx.x) * kTopkWarpsPerBlock + threadIdx.x / 32;
-  if (t >= num_tokens) return;
-  const Logit* row = logits + t * num_experts;
-
-  uint32_t key[kSlots];  // 0: no expert, or already chosen
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    const int e = s * 32 + lane;
-    key[s] = e < num_experts ? Key::make(row, e) : 0u;
-  }
-
-  // K rounds; lane k keeps the k-th choice.
-  float my_value = -INFINITY;
-  int my_expert = 0;
+// K rounds of the warp arg-max over the lanes' keys (logits of experts s * 32 + lane); each
+// round's choice has its key set to 0, so it is never chosen again. Lane k < top_k receives the
+// k-th choice: its logit and expert.
+template <class Key, int kSlots>
+__device__ __forceinline__ void warp_topk(uint32_t (&key)[kSlots], int top_k, int lane, float& my_value,
+                                          int& my_expert) {
   for (int k = 0; k < top_k; ++k) {
     uint32_t local = 0;
 #pragma unroll
@@ -116,6 +106,33 @@ router_topk_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int num
     for (int s = 0; s < kSlots; ++s)
       if (s * 32 + lane == best_e) key[s] = 0u;  // taken: never chosen again
   }
+}
+
+// kSlots: logits per lane, at least ceil(E / 32). Each of the K rounds is a per-lane max over
+// the lane's keys and one (bf16) or two (fp32) warp reductions; v1 compared (value, expert)
+// pairs through five shuffle rounds per choice and was issue-bound (ncu: SM 85%, 44.5 us at
+// T 32768, E 128, K 8).
+template <class Logit, int kSlots>
+__global__ void __launch_bounds__(kTopkWarpsPerBlock * 32)
+router_topk_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
+                   int mode, float* __restrict__ scores, int32_t* __restrict__ experts) {
+  using Key = TopkKey<Logit>;
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kTopkWarpsPerBlock + threadIdx.x / 32;
+  if (t >= num_tokens) return;
+  const Logit* row = logits + t * num_experts;
+
+  uint32_t key[kSlots];  // 0: no expert, or already chosen
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int e = s * 32 + lane;
+    key[s] = e < num_experts ? Key::make(Key::load(row, e), e) : 0u;
+  }
+
+  // K rounds; lane k keeps the k-th choice.
+  float my_value = -INFINITY;
+  int my_expert = 0;
+  warp_topk<Key>(key, top_k, lane, my_value, my_expert);
 
   // Softmax pieces, all relative to the largest logit (the first choice).
   const float top = __shfl_sync(0xffffffffu, my_value, 0);
@@ -228,6 +245,72 @@ __global__ void sorted_layout_kernel(const Index* __restrict__ experts, int64_t 
   }
 }
 
+// Token rounding's probabilities: per token the softmax over all E in fp32 and its top-K choice
+// (warp_topk), written row-major (T, E) when probs is non-null (autograd's copy) and
+// expert-major (E, T) for the rounding kernels, with the choice as a bool (E, T). 32 tokens per
+// block, one per warp (two where the logits need more than 64 registers: kWarps 16): the warps
+// place their rows in shared memory (the sign bit marks a
+// chosen pair; probabilities are >= 0), then write experts' rows of the 32 tokens, 128-byte
+// stores instead of 4-byte scatters, with nothing pre-zeroed. v1 ran 8 warps of 4 tokens each:
+// 80 us at T 16384, E 512, latency-bound (24 warps per SM, each token's loads in series).
+template <class Logit, int kSlots, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
+rounding_probs_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
+                      float* __restrict__ probs, float* __restrict__ probs_t, uint8_t* __restrict__ chosen_t) {
+  using Key = TopkKey<Logit>;
+  extern __shared__ float token_rows[];  // [kRoundingTokensPerBlock][pitch]
+  const int pitch = rounding_rows_pitch(num_experts);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = int64_t(blockIdx.x) * kRoundingTokensPerBlock;
+  const int64_t left = num_tokens - t0;
+  const int tokens = left < kRoundingTokensPerBlock ? static_cast<int>(left) : kRoundingTokensPerBlock;
+
+  for (int i = warp; i < tokens; i += kWarps) {
+    const int64_t t = t0 + i;
+    const Logit* row = logits + t * num_experts;
+    uint32_t key[kSlots];  // 0: no expert, or chosen
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int e = s * 32 + lane;
+      key[s] = e < num_experts ? Key::make(Key::load(row, e), e) : 0u;
+    }
+    float my_value = -INFINITY;
+    int my_expert = 0;
+    warp_topk<Key>(key, top_k, lane, my_value, my_expert);
+    const float top = __shfl_sync(0xffffffffu, my_value, 0);  // the largest logit
+    // The row again (L1 hits), twice, rather than a register array of it: 1024 threads leave 64
+    // registers per thread.
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int e = s * 32 + lane;
+      if (e < num_experts) sum += expf(Key::load(row, e) - top);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float inverse = 1.f / sum;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int e = s * 32 + lane;
+      if (e < num_experts) {
+        const float p = expf(Key::load(row, e) - top) * inverse;
+        if (probs != nullptr) probs[t * num_experts + e] = p;
+        token_rows[i * pitch + e] = key[s] == 0u ? __uint_as_float(__float_as_uint(p) | 0x80000000u) : p;
+      }
+    }
+  }
+  __syncthreads();
+  // Lane = token: row e of (E, T) gets 32 consecutive tokens; an odd pitch keeps the 32 lanes'
+  // shared reads on 32 banks.
+  if (lane < tokens) {
+    for (int e = warp; e < num_experts; e += kWarps) {
+      const uint32_t bits = __float_as_uint(token_rows[lane * pitch + e]);
+      probs_t[e * num_tokens + t0 + lane] = __uint_as_float(bits & 0x7fffffffu);
+      chosen_t[e * num_tokens + t0 + lane] = uint8_t(bits >> 31);
+    }
+  }
+}
+
 int chunk_pairs(int top_k) { return kRoutingChunkTokens * top_k; }
 
 // router_topk_kernel with the fewest slots that hold E logits per lane.
@@ -249,6 +332,31 @@ Status launch_router_topk(const RouterTopkParams& p, const Logit* logits) {
   return Status::success();
 }
 
+
+// rounding_probs_kernel with the fewest slots that hold E logits per lane; its shared rows take
+// up to 128 KiB (E 1024), past the 48 KiB default.
+template <class Logit>
+Status launch_rounding_probs(const RoundingProbsParams& p, const Logit* logits) {
+  const int blocks = static_cast<int>((p.num_tokens + kRoundingTokensPerBlock - 1) / kRoundingTokensPerBlock);
+  const size_t smem = sizeof(float) * kRoundingTokensPerBlock * rounding_rows_pitch(p.num_experts);
+  auto launch = [&](auto kernel, int warps) -> Status {
+    if (smem > 48 * 1024)
+      SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<blocks, warps * 32, smem, p.stream>>>(logits, p.num_tokens, p.num_experts, p.top_k, p.probs, p.probs_t,
+                                                   p.chosen_t);
+    SONICMOE_CUDA_TRY(cudaGetLastError());
+    return Status::success();
+  };
+  // 16 warps where 32 keys (or 16 fp32 logits and their keys) spill at 64 registers.
+  constexpr int kWideWarps = std::is_same_v<Logit, float> ? 16 : 32;
+  const int slots = (p.num_experts + 31) / 32;
+  if (slots <= 1) return launch(rounding_probs_kernel<Logit, 1, 32>, 32);
+  if (slots <= 2) return launch(rounding_probs_kernel<Logit, 2, 32>, 32);
+  if (slots <= 4) return launch(rounding_probs_kernel<Logit, 4, 32>, 32);
+  if (slots <= 8) return launch(rounding_probs_kernel<Logit, 8, 32>, 32);
+  if (slots <= 16) return launch(rounding_probs_kernel<Logit, 16, kWideWarps>, kWideWarps);
+  return launch(rounding_probs_kernel<Logit, kMaxSlots, 16>, 16);
+}
 }  // namespace
 
 std::string check_router_topk(const RouterTopkParams& p) {
@@ -273,6 +381,26 @@ Status run_router_topk(const RouterTopkParams& p) {
     return Status::error("router_topk: logits, scores and experts must be non-null");
   if (p.logits_bf16) return launch_router_topk(p, static_cast<const __nv_bfloat16*>(p.logits));
   return launch_router_topk(p, static_cast<const float*>(p.logits));
+}
+
+std::string check_rounding_probs(const RoundingProbsParams& p) {
+  RouterTopkParams topk;
+  topk.num_tokens = p.num_tokens;
+  topk.num_experts = p.num_experts;
+  topk.top_k = p.top_k;
+  std::string problem = check_router_topk(topk);
+  if (!problem.empty()) problem.replace(0, std::string("router_topk").size(), "rounding_probs");
+  return problem;
+}
+
+Status run_rounding_probs(const RoundingProbsParams& p) {
+  const std::string problem = check_rounding_probs(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.num_tokens == 0) return Status::success();
+  if (p.logits == nullptr || p.probs_t == nullptr || p.chosen_t == nullptr)
+    return Status::error("rounding_probs: logits, probs_t and chosen_t must be non-null");
+  if (p.logits_bf16) return launch_rounding_probs(p, static_cast<const __nv_bfloat16*>(p.logits));
+  return launch_rounding_probs(p, static_cast<const float*>(p.logits));
 }
 
 std::string check_sorted_layout(const SortedLayoutParams& p) {

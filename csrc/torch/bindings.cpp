@@ -21,6 +21,9 @@ TORCH_LIBRARY(sonicmoe, m) {
         "bool partial_rows=False, int tile_config=0) -> (Tensor, Tensor)");
   // R: top-K scores (fp32) and expert ids (int32) from router logits; mode is a RouterMode.
   m.def("router_topk(Tensor logits, int top_k, int mode) -> (Tensor, Tensor)");
+  // Token rounding's router: softmax over all E (fp32) and the top-K choice, expert-major
+  // (probs_t (E, T), chosen_t (E, T) bool); probs (T, E) has 0 rows unless write_probs.
+  m.def("rounding_probs(Tensor logits, int top_k, bool write_probs) -> (Tensor, Tensor, Tensor)");
   // R: sorted-layout metadata (expert_offsets, gather_idx, rev_idx) of (T, K) expert ids.
   m.def("routing_metadata(Tensor experts, int num_experts) -> (Tensor, Tensor, Tensor)");
   // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel.
@@ -49,6 +52,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cuda);
   m.impl("combine", &sonicmoe::torch_ops::combine_cuda);
   m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cuda);
+  m.impl("rounding_probs", &sonicmoe::torch_ops::rounding_probs_cuda);
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cuda);
   m.impl("token_rounding_assign", &sonicmoe::torch_ops::token_rounding_assign_cuda);
   m.impl("dense_layout", &sonicmoe::torch_ops::dense_layout_cuda);
@@ -63,6 +67,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("up_proj", &sonicmoe::torch_ops::up_proj_cpu);
   m.impl("combine", &sonicmoe::torch_ops::combine_cpu);
   m.impl("router_topk", &sonicmoe::torch_ops::router_topk_cpu);
+  m.impl("rounding_probs", &sonicmoe::torch_ops::rounding_probs_cpu);
   m.impl("routing_metadata", &sonicmoe::torch_ops::routing_metadata_cpu);
   m.impl("token_rounding_assign", &sonicmoe::torch_ops::token_rounding_assign_cpu);
   m.impl("dense_layout", &sonicmoe::torch_ops::dense_layout_cpu);

@@ -68,6 +68,12 @@ at::Tensor combine_cpu(const at::Tensor& y, const at::Tensor& scores, const at::
 std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode);
 std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode);
 
+// rounding_probs(Tensor logits, int top_k, bool write_probs) -> (probs, probs_t, chosen_t)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Tensor& logits, int64_t top_k,
+                                                                   bool write_probs);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cpu(const at::Tensor& logits, int64_t top_k,
+                                                                  bool write_probs);
+
 // routing_metadata(Tensor experts, int num_experts) -> (expert_offsets, gather_idx, rev_idx)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::Tensor& experts,
                                                                      int64_t num_experts);

@@ -1,4 +1,5 @@
-// torch.ops.sonicmoe.router_topk and routing_metadata (routing R): validation, allocation, launch.
+// torch.ops.sonicmoe.router_topk, rounding_probs and routing_metadata (routing R): validation,
+// allocation, launch.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -26,6 +27,20 @@ void check_router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mod
   p.top_k = static_cast<int>(std::clamp<int64_t>(top_k, INT32_MIN, INT32_MAX));
   p.mode = static_cast<int>(std::clamp<int64_t>(mode, INT32_MIN, INT32_MAX));
   const std::string problem = check_router_topk(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+void check_rounding_probs_args(const at::Tensor& logits, int64_t top_k) {
+  constexpr const char* kOp = "rounding_probs";
+  check_arg(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, kOp,
+            "logits.dtype", c10::toString(logits.scalar_type()), "must be Float or BFloat16");
+  check_dim(kOp, logits, "logits", 2, "(T, E)");
+  check_contiguous(kOp, logits, "logits");
+  RoundingProbsParams p;
+  p.num_tokens = logits.size(0);
+  p.num_experts = static_cast<int>(std::min<int64_t>(logits.size(1), INT32_MAX));
+  p.top_k = static_cast<int>(std::clamp<int64_t>(top_k, INT32_MIN, INT32_MAX));
+  const std::string problem = check_rounding_probs(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
@@ -69,6 +84,38 @@ std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, in
 std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode) {
   check_router_topk_args(logits, top_k, mode);
   check_same_cuda_device("router_topk", {{&logits, "logits"}});  // raises: CPU
+  return {};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Tensor& logits, int64_t top_k,
+                                                                   bool write_probs) {
+  check_rounding_probs_args(logits, top_k);
+  check_same_cuda_device("rounding_probs", {{&logits, "logits"}});
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t T = logits.size(0), E = logits.size(1);
+  const auto float_options = logits.options().dtype(at::kFloat);
+  at::Tensor probs = at::empty({write_probs ? T : 0, E}, float_options);
+  at::Tensor probs_t = at::empty({E, T}, float_options);
+  at::Tensor chosen_t = at::empty({E, T}, logits.options().dtype(at::kBool));
+  RoundingProbsParams p;
+  p.logits = logits.data_ptr();
+  p.logits_bf16 = logits.scalar_type() == at::kBFloat16;
+  p.num_tokens = T;
+  p.num_experts = static_cast<int>(E);
+  p.top_k = static_cast<int>(top_k);
+  p.probs = write_probs ? probs.data_ptr<float>() : nullptr;
+  p.probs_t = probs_t.data_ptr<float>();
+  p.chosen_t = reinterpret_cast<uint8_t*>(chosen_t.data_ptr<bool>());
+  p.stream = c10::cuda::getCurrentCUDAStream(logits.get_device()).stream();
+  const Status status = run_rounding_probs(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return {probs, probs_t, chosen_t};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cpu(const at::Tensor& logits, int64_t top_k,
+                                                                  bool write_probs) {
+  check_rounding_probs_args(logits, top_k);
+  check_same_cuda_device("rounding_probs", {{&logits, "logits"}});  // raises: CPU
   return {};
 }
 

@@ -93,6 +93,15 @@ def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, 
                                           _tile_config_number(tile_config))
 
 
+def rounding_probs(logits, top_k, write_probs):
+    """Token rounding's router on R's kernel: the softmax over all E in fp32 of logits (T, E),
+    fp32 or bf16, and its top-K choice (R's: ties to the lower expert id), in one pass. Returns
+    probs (T, E) fp32 (0 rows unless write_probs), probs_t (E, T) fp32 and chosen_t (E, T) bool,
+    the expert-major forms token_rounding_assign and dense_layout take."""
+    _require_extension()
+    return torch.ops.sonicmoe.rounding_probs(logits, top_k, write_probs)
+
+
 def token_rounding_assign(probs_t, chosen_t, tile, rule):
     """Token rounding's assignment on the device from expert-major probs_t (E, T) fp32 and the
     top-K choice chosen_t (E, T) bool: (assigned_t (E, T) bool, counts (E,) int32). rule: 0
@@ -203,6 +212,14 @@ if _C is not None:
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
         return a.new_empty((a.shape[0], b.shape[2]))
+
+    @torch.library.register_fake("sonicmoe::rounding_probs")
+    def _rounding_probs_fake(logits, top_k, write_probs):
+        torch._check(logits.dim() == 2, lambda: "rounding_probs: logits must be 2-D")
+        T, E = logits.shape
+        floats = dict(dtype=torch.float32)
+        return (logits.new_empty((T if write_probs else 0, E), **floats), logits.new_empty((E, T), **floats),
+                logits.new_empty((E, T), dtype=torch.bool))
 
     @torch.library.register_fake("sonicmoe::token_rounding_assign")
     def _token_rounding_assign_fake(probs_t, chosen_t, tile, rule):

@@ -309,8 +309,8 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         if x.device.type == "cpu" or not _kernel_path(x, w1, w2):
             return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
         x2 = x.reshape(-1, d)
-        probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x2, router_weight).float(), top_k,
-                                                                 tile, rule)
+        probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x2, router_weight), top_k, tile, rule,
+                                                                 fp32_probs=True)
         keep_h = _grad_enabled_for(x2, w1, w2, probs)
         return _dense_experts(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h).reshape(x.shape)
     x2 = x.reshape(-1, d)

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, dense_layout, extension_available, router_topk,
-                   token_rounding_assign)
+from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, dense_layout, extension_available, rounding_probs,
+                   router_topk, token_rounding_assign)
 
 __all__ = [
     "DenseRoutingMetadata",
@@ -123,7 +123,7 @@ def token_rounding(
 
 
 def token_rounding_expert_major(
-    logits: torch.Tensor, top_k: int, tile: int = 128, rule: str = "nearest"
+    logits: torch.Tensor, top_k: int, tile: int = 128, rule: str = "nearest", *, fp32_probs: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """token_rounding's assignment in the form the layer's kernels take, without the (T, E)
     transposes and the masking pass that the public form needs (at T 16384, E 512 on the H200
@@ -131,6 +131,7 @@ def token_rounding_expert_major(
 
     Returns probs (T, E), the softmax over all E (differentiable; scores = probs where assigned),
     probs_t (E, T) fp32 detached, and assigned_t (E, T) bool (either may be a transposed view).
+    fp32_probs: the probabilities of bf16 logits in fp32 (the layer's router), not in bf16.
     """
     if rule not in TOKEN_ROUNDING_RULES:
         raise ValueError(f"rule: expected one of {TOKEN_ROUNDING_RULES}, got {rule!r}")
@@ -142,13 +143,27 @@ def token_rounding_expert_major(
     if not 1 <= top_k <= E:
         raise ValueError(f"top_k: expected 1 <= top_k <= E = {E}, got {top_k}")
 
+    rule_index = TOKEN_ROUNDING_RULES.index(rule)
+    on_kernels = _on_routing_kernels(logits, E, top_k)
+    if on_kernels and (logits.dtype == torch.float32 or fp32_probs):
+        # One kernel for the softmax, R's top-K and the expert-major copies (rounding_probs),
+        # then one block per expert flips what rounding changes (token_rounding.cu).
+        if torch.is_grad_enabled() and logits.requires_grad:
+            probs, probs_t, chosen_t = _RoundingProbs.apply(logits.contiguous(), top_k)
+        else:
+            _, probs_t, chosen_t = rounding_probs(logits.contiguous(), top_k, False)
+            probs = probs_t.t()
+        assigned_t, _ = token_rounding_assign(probs_t, chosen_t, tile, rule_index)
+        return probs, probs_t, assigned_t
+    if fp32_probs:
+        logits = logits.float()
     probs = logits.softmax(dim=-1)
-    if _on_routing_kernels(logits, E, top_k):
-        # R's top-K, then one block per expert flips what rounding changes (token_rounding.cu).
+    if on_kernels:
+        # bf16 probabilities of bf16 logits: R's top-K, then token_rounding_assign.
         top = router_topk(logits.detach(), top_k, "topk_softmax")[1].long()
         chosen_t = torch.zeros(E, T, dtype=torch.bool, device=logits.device).scatter_(0, top.t(), True)
         probs_t = probs.detach().float().t().contiguous()
-        assigned_t, _ = token_rounding_assign(probs_t, chosen_t, tile, TOKEN_ROUNDING_RULES.index(rule))
+        assigned_t, _ = token_rounding_assign(probs_t, chosen_t, tile, rule_index)
         return probs, probs_t, assigned_t
     chosen = torch.zeros(T, E, dtype=torch.bool, device=logits.device)
     chosen.scatter_(1, logits.topk(top_k, dim=-1).indices, True)
@@ -159,6 +174,25 @@ def token_rounding_expert_major(
     else:
         assigned_t = _assign_by_sort(probs.detach(), chosen, target).t()
     return probs, probs.detach().float().t(), assigned_t
+
+
+class _RoundingProbs(torch.autograd.Function):
+    """rounding_probs with its softmax's backward: probs (T, E) fp32 carries the gradient;
+    probs_t and chosen_t are the expert-major copies (not differentiable)."""
+
+    @staticmethod
+    def forward(ctx, logits, top_k):
+        probs, probs_t, chosen_t = rounding_probs(logits, top_k, True)
+        ctx.save_for_backward(probs)
+        ctx.logits_dtype = logits.dtype
+        ctx.mark_non_differentiable(probs_t, chosen_t)
+        return probs, probs_t, chosen_t
+
+    @staticmethod
+    def backward(ctx, grad_probs, _grad_probs_t, _grad_chosen_t):
+        (probs,) = ctx.saved_tensors
+        grad = torch._softmax_backward_data(grad_probs.float().contiguous(), probs, -1, torch.float32)
+        return grad.to(ctx.logits_dtype), None
 
 
 def _on_routing_kernels(logits, num_experts, top_k) -> bool:

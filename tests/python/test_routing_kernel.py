@@ -1,5 +1,5 @@
-"""Routing R: torch.ops.sonicmoe.router_topk and routing_metadata against the pure-PyTorch
-routing (GPU), their validation messages (CPU), and the router's score backward (CPU)."""
+"""Routing R: torch.ops.sonicmoe.router_topk, rounding_probs and routing_metadata against the
+pure-PyTorch routing (GPU), their validation messages (CPU), and the router's score backward (CPU)."""
 
 import re
 
@@ -40,6 +40,20 @@ def test_router_scores_backward_matches_autograd(routing):
 def test_router_topk_rejects(args, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         torch.ops.sonicmoe.router_topk(*args)
+
+
+@requires_extension
+@pytest.mark.parametrize("args,message", [
+    ((torch.zeros(4, 8, dtype=torch.float16), 2, True),
+     "rounding_probs: logits.dtype = Half breaks the rule: must be Float or BFloat16"),
+    ((torch.zeros(4, 8), 9, True), "rounding_probs: top_k = 9 breaks the rule: must be in [1, min(num_experts, 32)]"),
+    ((torch.zeros(4, 2048), 2, False), "rounding_probs: num_experts = 2048 breaks the rule: must be in [1, 1024]"),
+    ((torch.zeros(8), 2, False), "rounding_probs: logits.shape = [8] breaks the rule: must be 2-D (T, E)"),
+    ((torch.zeros(4, 8), 2, True), "rounding_probs: logits.device = cpu breaks the rule: must be a CUDA device"),
+])
+def test_rounding_probs_rejects(args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch.ops.sonicmoe.rounding_probs(*args)
 
 
 @requires_extension
@@ -120,3 +134,55 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.sonicmoe.router_topk, (logits, 4, 1))
     experts = logits.topk(4, dim=-1).indices.int()
     torch.library.opcheck(torch.ops.sonicmoe.routing_metadata, (experts, 16))
+
+
+@requires_hopper
+# E covers every slot count (1 to 32 logits per lane) and an odd one; T a partial last block of 32.
+@pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 1), (33, 33, 5), (1000, 64, 8), (777, 128, 8),
+                                   (300, 256, 8), (260, 512, 8), (95, 1024, 32), (64, 1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rounding_probs_matches_torch(T, E, K, dtype):
+    from sonicmoe._ops import rounding_probs
+
+    gen = torch.Generator(device="cuda").manual_seed(T * 5 + E + K)
+    # Distinct logits (bf16 keeps 8 bits: spread over [-4, 4) by a permutation of E values per token).
+    logits = (torch.rand(T, E, device="cuda", generator=gen).argsort(dim=-1).float() * (8.0 / E) - 4.0).to(dtype)
+    probs, probs_t, chosen_t = rounding_probs(logits, K, True)
+    want = logits.float().softmax(dim=-1)
+    assert probs.shape == (T, E) and probs_t.shape == chosen_t.shape == (E, T) and chosen_t.dtype == torch.bool
+    torch.testing.assert_close(probs, want, rtol=2e-6, atol=1e-7)
+    assert torch.equal(probs_t, probs.t())
+    chosen = torch.zeros(T, E, dtype=torch.bool, device="cuda").scatter_(1, logits.float().topk(K, -1).indices, True)
+    assert torch.equal(chosen_t.t(), chosen)
+    lean, lean_t, lean_chosen_t = rounding_probs(logits, K, False)
+    assert lean.shape == (0, E) and torch.equal(lean_t, probs_t) and torch.equal(lean_chosen_t, chosen_t)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_rounding_probabilities_backward_matches_the_softmax(dtype):
+    # The kernel path's probs carry the softmax's gradient to the logits (fp32 math; bf16 logits
+    # get it back in bf16), and the assignment equals the torch path's (fp32 probabilities).
+    from sonicmoe.routing import token_rounding_expert_major
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    logits = torch.randn(1500, 64, device="cuda", generator=gen).to(dtype).requires_grad_()
+    probs, probs_t, assigned_t = token_rounding_expert_major(logits, 4, 64, "nearest", fp32_probs=True)
+    assert probs.dtype == torch.float32 and probs.requires_grad
+    grad = torch.randn(probs.shape, device="cuda", generator=gen)
+    (got,) = torch.autograd.grad(probs, logits, grad)
+    ref = logits.detach().float().requires_grad_()
+    (want,) = torch.autograd.grad(ref.softmax(-1), ref, grad)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=1e-5 if dtype == torch.float32 else 1e-2,
+                               atol=1e-7 if dtype == torch.float32 else 1e-4)
+    with torch.no_grad():
+        _, _, again = token_rounding_expert_major(logits.detach().float(), 4, 64, "nearest")
+    assert torch.equal(again, assigned_t)
+
+
+@requires_hopper
+def test_rounding_probs_opcheck():
+    logits = torch.randn(100, 16, device="cuda")
+    torch.library.opcheck(torch.ops.sonicmoe.rounding_probs, (logits, 4, True))
+    torch.library.opcheck(torch.ops.sonicmoe.rounding_probs, (logits.bfloat16(), 4, False))
