@@ -245,3 +245,22 @@ def test_token_rounding_layer_trains_on_the_kernels():
     sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding").square().mean().backward()
     for name, t in (("x", x), ("router", router), ("w1", w1), ("w2", w2)):
         assert torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0, name
+
+
+@requires_hopper
+@pytest.mark.parametrize("rule", [0, 1, 2])
+def test_assign_kernel_on_unaligned_rows_matches_the_aligned(rule):
+    # token_rounding_assign reads 4-token chunks when T % 4 == 0 and its rows are aligned; a
+    # contiguous view that starts one element into its storage takes the token-at-a-time path.
+    from sonicmoe._ops import token_rounding_assign
+
+    T, E, K, tile = 1024, 16, 2, 64
+    logits = make_logits(T, E, "cuda", ("unaligned", rule)).float()
+    probs_t = logits.softmax(-1).t().contiguous()
+    chosen_t = torch.zeros(E, T, dtype=torch.bool, device="cuda").scatter_(0, logits.topk(K, -1).indices.t(), True)
+    want, want_counts = token_rounding_assign(probs_t, chosen_t, tile, rule)
+    shifted_probs = torch.empty(E * T + 1, device="cuda")[1:].view(E, T).copy_(probs_t)
+    shifted_chosen = torch.empty(E * T + 1, dtype=torch.bool, device="cuda")[1:].view(E, T).copy_(chosen_t)
+    got, got_counts = token_rounding_assign(shifted_probs, shifted_chosen, tile, rule)
+    assert torch.equal(got, want) and torch.equal(got_counts, want_counts)
+    assert torch.equal(want.sum(1).int(), want_counts)
