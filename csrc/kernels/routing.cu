@@ -77,12 +77,18 @@ struct TopkKey<float> {
   static __device__ float value(uint32_t k) { return key_value(k); }
 };
 
-// K rounds of the warp arg-max over the lanes' keys (logits of experts s * 32 + lane); each
-// round's choice has its key set to 0, so it is never chosen again. Lane k < top_k receives the
-// k-th choice: its logit and expert.
-template <class Key, int kSlots>
-__device__ __forceinline__ void warp_topk(uint32_t (&key)[kSlots], int top_k, int lane, float& my_value,
-                                          int& my_expert) {
+// A token's top-K: the lanes' keys of its logits row[s * 32 + lane] (0 past num_experts), then
+// K rounds of the warp arg-max over them; each round's choice has its key set to 0, so it is
+// never chosen again (key ends 0 exactly at the chosen experts and past num_experts). Lane
+// k < top_k receives the k-th choice: its logit and expert.
+template <class Key, int kSlots, class Logit>
+__device__ __forceinline__ void warp_topk(const Logit* row, int num_experts, int top_k, int lane,
+                                          uint32_t (&key)[kSlots], float& my_value, int& my_expert) {
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int e = s * 32 + lane;
+    key[s] = e < num_experts ? Key::make(Key::load(row, e), e) : 0u;
+  }
   for (int k = 0; k < top_k; ++k) {
     uint32_t local = 0;
 #pragma unroll
@@ -122,17 +128,11 @@ router_topk_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int num
   if (t >= num_tokens) return;
   const Logit* row = logits + t * num_experts;
 
-  uint32_t key[kSlots];  // 0: no expert, or already chosen
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    const int e = s * 32 + lane;
-    key[s] = e < num_experts ? Key::make(Key::load(row, e), e) : 0u;
-  }
-
   // K rounds; lane k keeps the k-th choice.
+  uint32_t key[kSlots];  // 0: no expert, or already chosen
   float my_value = -INFINITY;
   int my_expert = 0;
-  warp_topk<Key>(key, top_k, lane, my_value, my_expert);
+  warp_topk<Key>(row, num_experts, top_k, lane, key, my_value, my_expert);
 
   // Softmax pieces, all relative to the largest logit (the first choice).
   const float top = __shfl_sync(0xffffffffu, my_value, 0);
@@ -269,14 +269,9 @@ rounding_probs_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int 
     const int64_t t = t0 + i;
     const Logit* row = logits + t * num_experts;
     uint32_t key[kSlots];  // 0: no expert, or chosen
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int e = s * 32 + lane;
-      key[s] = e < num_experts ? Key::make(Key::load(row, e), e) : 0u;
-    }
     float my_value = -INFINITY;
     int my_expert = 0;
-    warp_topk<Key>(key, top_k, lane, my_value, my_expert);
+    warp_topk<Key>(row, num_experts, top_k, lane, key, my_value, my_expert);
     const float top = __shfl_sync(0xffffffffu, my_value, 0);  // the largest logit
     // The row again (L1 hits), twice, rather than a register array of it: 1024 threads leave 64
     // registers per thread.

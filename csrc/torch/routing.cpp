@@ -15,12 +15,16 @@
 namespace sonicmoe::torch_ops {
 namespace {
 
-void check_router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mode) {
-  constexpr const char* kOp = "router_topk";
-  check_arg(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, kOp,
+// Router logits (T, E): fp32 or bf16, 2-D, contiguous (router_topk's and rounding_probs').
+void check_logits(const char* op, const at::Tensor& logits) {
+  check_arg(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, op,
             "logits.dtype", c10::toString(logits.scalar_type()), "must be Float or BFloat16");
-  check_dim(kOp, logits, "logits", 2, "(T, E)");
-  check_contiguous(kOp, logits, "logits");
+  check_dim(op, logits, "logits", 2, "(T, E)");
+  check_contiguous(op, logits, "logits");
+}
+
+void check_router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mode) {
+  check_logits("router_topk", logits);
   RouterTopkParams p;
   p.num_tokens = logits.size(0);
   p.num_experts = static_cast<int>(std::min<int64_t>(logits.size(1), INT32_MAX));
@@ -31,11 +35,7 @@ void check_router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mod
 }
 
 void check_rounding_probs_args(const at::Tensor& logits, int64_t top_k) {
-  constexpr const char* kOp = "rounding_probs";
-  check_arg(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, kOp,
-            "logits.dtype", c10::toString(logits.scalar_type()), "must be Float or BFloat16");
-  check_dim(kOp, logits, "logits", 2, "(T, E)");
-  check_contiguous(kOp, logits, "logits");
+  check_logits("rounding_probs", logits);
   RoundingProbsParams p;
   p.num_tokens = logits.size(0);
   p.num_experts = static_cast<int>(std::min<int64_t>(logits.size(1), INT32_MAX));

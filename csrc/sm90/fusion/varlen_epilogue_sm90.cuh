@@ -158,6 +158,16 @@ struct EpilogueTile {
   }
 };
 
+// The B rows (w's output columns) of an n tile of kTileN contiguous columns, in boxes of
+// kBoxRows: what b_rows returns for every epilogue but SwiGLU's (whose tile is two halves).
+template <int kTileN, int kBoxRows>
+__device__ __forceinline__ cute::array<int, kTileN / kBoxRows> contiguous_b_rows(const VarlenTile& t) {
+  cute::array<int, kTileN / kBoxRows> rows;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kTileN / kBoxRows; ++i) rows[i] = t.n_block * kTileN + i * kBoxRows;
+  return rows;
+}
+
 // K2 / K6 / K5 / K7: out = the accumulators as bf16, (m_total, n_out) row-major.
 template <int kTileM, int kTileN, TileStore kStore>
 struct StoreEpilogue {
@@ -172,10 +182,7 @@ struct StoreEpilogue {
 
   static __host__ __device__ int n_blocks(const Params& p) { return (p.n_out + kTileN - 1) / kTileN; }
   static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
-    cute::array<int, kTileN / kBoxRowsB> rows;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kTileN / kBoxRowsB; ++i) rows[i] = t.n_block * kTileN + i * kBoxRowsB;
-    return rows;
+    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
   }
 
   template <class Accumulator, class Coords>
@@ -507,10 +514,7 @@ struct DSwiGLUEpilogue {
 
   static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
   static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
-    cute::array<int, kTileN / kBoxRowsB> cols;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kTileN / kBoxRowsB; ++i) cols[i] = t.n_block * kTileN + i * kBoxRowsB;
-    return cols;
+    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
   }
 
   template <class Accumulator, class Coords>
@@ -629,10 +633,7 @@ struct DSwiGLUSmemSourceEpilogue {
 
   static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
   static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
-    cute::array<int, kTileN / kBoxRowsB> cols;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kTileN / kBoxRowsB; ++i) cols[i] = t.n_block * kTileN + i * kBoxRowsB;
-    return cols;
+    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
   }
 
   // Once per CTA, by one thread, before the barriers' init fence.
