@@ -493,15 +493,42 @@ __device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1,
   }
 }
 
-template <int kTileM, int kTileN>
-struct DSwiGLUEpilogue {
-  using Tile = EpilogueTile<kTileM, kTileN>;
-  using Element = typename Tile::Element;
+// What K4's two epilogues share (DSwiGLUEpilogue: H in registers; DSwiGLUSmemSourceEpilogue: H
+// through shared memory): the n tiles, their B rows, and the score slots. d_score_partial has one
+// slot per 128 columns of n (kDownProjGradBlockCols): a 128-column tile writes one, a 256-column
+// tile two.
+template <int kTileN>
+struct DSwiGLUColumns {
   static constexpr int kBoxRowsB = 64;
-  // d_score_partial has one slot per 128 columns of n (kDownProjGradBlockCols): a 128-column
-  // tile writes one, a 256-column tile two.
   static constexpr int kSlotCols = 128;
   static_assert(kTileN % kSlotCols == 0, "whole score slots per tile");
+
+  template <class Params>
+  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
+  template <class Params>
+  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
+    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
+  }
+
+  // A row's dS over one slot's columns (`slot` of the tile): the 4 lanes of a quad hold the same
+  // row's columns, summed in a fixed order. A slot past n (a 256-column tile's second half) has
+  // no place and holds only zeros.
+  template <class Params>
+  static __device__ void store_slot(const Params& p, float d_score, bool row_ok, int64_t row, int n_block, int slot,
+                                    int slots) {
+    d_score += __shfl_xor_sync(0xffffffffu, d_score, 1);
+    d_score += __shfl_xor_sync(0xffffffffu, d_score, 2);
+    slot += n_block * (kTileN / kSlotCols);
+    if (row_ok && threadIdx.x % 4 == 0 && slot < slots) p.d_score_partial[row * slots + slot] = d_score;
+  }
+};
+
+template <int kTileM, int kTileN>
+struct DSwiGLUEpilogue : DSwiGLUColumns<kTileN> {
+  using Tile = EpilogueTile<kTileM, kTileN>;
+  using Element = typename Tile::Element;
+  using Columns = DSwiGLUColumns<kTileN>;
+  using Columns::kSlotCols;
 
   struct Params {
     const Element* h = nullptr;       // (m_total, 2n)
@@ -512,10 +539,6 @@ struct DSwiGLUEpilogue {
     int n = 0;
   };
 
-  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
-  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
-    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
-  }
 
   template <class Accumulator, class Coords>
   static __device__ void store(const Params& p, Element*, const Accumulator& accum, const Coords& coords,
@@ -580,13 +603,7 @@ struct DSwiGLUEpilogue {
             }
           }
           if ((j0 + kBatch) % kSlotGroups == 0) {
-            // The row's sum over one slot's columns. The 4 lanes of a quad hold the same row's
-            // columns: sum them in a fixed order. A slot past n (a 256-column tile's second
-            // half) has no place and holds only zeros.
-            d_score += __shfl_xor_sync(0xffffffffu, d_score, 1);
-            d_score += __shfl_xor_sync(0xffffffffu, d_score, 2);
-            const int slot = t.n_block * (kTileN / kSlotCols) + j0 / kSlotGroups;
-            if (row_ok && threadIdx.x % 4 == 0 && slot < slots) p.d_score_partial[row * slots + slot] = d_score;
+            Columns::store_slot(p, d_score, row_ok, row, t.n_block, j0 / kSlotGroups, slots);
             d_score = 0.f;
           }
         }
@@ -603,12 +620,12 @@ struct DSwiGLUEpilogue {
 // three TMA loads per tile, and H takes no registers while it is in flight. Math, stores and the
 // score slots as in DSwiGLUEpilogue.
 template <int kTileM, int kTileN>
-struct DSwiGLUSmemSourceEpilogue {
+struct DSwiGLUSmemSourceEpilogue : DSwiGLUColumns<kTileN> {
   static_assert(kTileM == 128 && kTileN == 256, "the cooperative 128 x 256 tiles: 64 rows per warpgroup");
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
-  static constexpr int kBoxRowsB = 64;
-  static constexpr int kSlotCols = 128;
+  using Columns = DSwiGLUColumns<kTileN>;
+  using Columns::kSlotCols;
   static constexpr int kRows = 64;          // a warpgroup's rows of the tile
   static constexpr int kQuarterCols = 64;   // n columns per H load: one 128-byte swizzle row
   static constexpr int kQuarters = kTileN / kQuarterCols;
@@ -631,10 +648,6 @@ struct DSwiGLUSmemSourceEpilogue {
     int n = 0;
   };
 
-  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
-  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
-    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
-  }
 
   // Once per CTA, by one thread, before the barriers' init fence.
   static __device__ void init_source(const Params& p, SmemTile (&s)[2]) {
@@ -713,12 +726,7 @@ struct DSwiGLUSmemSourceEpilogue {
           }
         }
         if ((q + 1) % kSlotQuarters == 0) {
-          // The row's sum over one slot's columns, in a fixed order across the quad (as above).
-          float sum = d_score[v1];
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-          const int slot = t.n_block * (kTileN / kSlotCols) + q / kSlotQuarters;
-          if (row_ok && threadIdx.x % 4 == 0 && slot < slots) p.d_score_partial[row * slots + slot] = sum;
+          Columns::store_slot(p, d_score[v1], row_ok, row, t.n_block, q / kSlotQuarters, slots);
           d_score[v1] = 0.f;
         }
       }
