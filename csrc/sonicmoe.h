@@ -310,19 +310,21 @@ Status run_token_rounding_assign(const TokenRoundingParams& params);
 // Sorted layout of a dense (E, T) assignment (token rounding's DenseRoutingMetadata): expert e
 // owns rows [expert_offsets[e], expert_offsets[e+1]) holding its tokens in order (gather_idx,
 // sorted_scores); token t owns entries [token_offsets[t], token_offsets[t+1]) listing its
-// experts in order (rows: the entry's sorted row, row_scores). Buffers past the M assigned pairs
-// are left as the caller filled them (zeros). Six launches, integer counts only, no host sync.
+// experts in order (rows: the entry's sorted row, row_scores). The four row_bound buffers are
+// zero past the M assigned pairs; row_bound must be >= M (pairs past it are not written). Three
+// launches, integer counts only, no host sync.
 struct DenseLayoutParams {
   const uint8_t* assigned_t = nullptr;  // (num_experts, num_tokens), 0 or 1
   const float* scores_t = nullptr;      // (num_experts, num_tokens)
   int64_t num_tokens = 0;
   int num_experts = 0;
   int32_t* expert_offsets = nullptr;    // (num_experts + 1)
-  int32_t* gather_idx = nullptr;        // (>= M)
-  float* sorted_scores = nullptr;       // (>= M)
+  int32_t* gather_idx = nullptr;        // (row_bound)
+  float* sorted_scores = nullptr;       // (row_bound)
   int32_t* token_offsets = nullptr;     // (num_tokens + 1)
-  int32_t* rows = nullptr;              // (>= M)
-  float* row_scores = nullptr;          // (>= M)
+  int32_t* rows = nullptr;              // (row_bound)
+  float* row_scores = nullptr;          // (row_bound)
+  int64_t row_bound = 0;                // the four buffers' length
   void* workspace = nullptr;            // dense_layout_workspace_size() bytes, device
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;

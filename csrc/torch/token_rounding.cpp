@@ -94,11 +94,11 @@ DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Ten
   const auto float_options = assigned_t.options().dtype(at::kFloat);
   at::Tensor expert_offsets = at::empty({E + 1}, int_options);
   at::Tensor token_offsets = at::empty({T + 1}, int_options);
-  // Past the M assigned pairs: token 0, row 0, score 0 (DenseRoutingMetadata).
-  at::Tensor gather_idx = at::zeros({row_bound}, int_options);
-  at::Tensor rows = at::zeros({row_bound}, int_options);
-  at::Tensor row_scores = at::zeros({row_bound}, float_options);
-  at::Tensor sorted_scores = at::zeros({row_bound}, float_options);
+  // Written whole by the kernels (zeros past the M assigned pairs).
+  at::Tensor gather_idx = at::empty({row_bound}, int_options);
+  at::Tensor rows = at::empty({row_bound}, int_options);
+  at::Tensor row_scores = at::empty({row_bound}, float_options);
+  at::Tensor sorted_scores = at::empty({row_bound}, float_options);
   DenseLayoutParams p;
   p.assigned_t = reinterpret_cast<const uint8_t*>(assigned_t.data_ptr<bool>());
   p.scores_t = scores_t.data_ptr<float>();
@@ -110,6 +110,7 @@ DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Ten
   p.token_offsets = token_offsets.data_ptr<int32_t>();
   p.rows = rows.data_ptr<int32_t>();
   p.row_scores = row_scores.data_ptr<float>();
+  p.row_bound = row_bound;
   p.workspace_bytes = dense_layout_workspace_size(T, p.num_experts);
   at::Tensor workspace = at::empty({static_cast<int64_t>(p.workspace_bytes)}, assigned_t.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();

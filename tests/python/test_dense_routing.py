@@ -69,6 +69,7 @@ def test_metadata_reproduces_the_dense_reference(T, E, K, tile, rule, skew):
 @pytest.mark.parametrize("T,E,K,tile,rule,skew", [
     (4096, 64, 8, 128, "nearest", False), (1000, 256, 8, 16, "up", True), (3000, 1024, 4, 128, "down", False),
     (1, 8, 2, 128, "nearest", False), (0, 8, 2, 128, "nearest", False), (777, 33, 5, 64, "up", True),
+    (16384, 512, 8, 128, "nearest", False), (2080, 96, 2, 32, "down", True),
 ])
 def test_dense_layout_kernels_match_the_torch_pipeline(T, E, K, tile, rule, skew):
     # dense_layout (token_rounding.cu) against the nonzero_static pipeline, field by field.
@@ -83,6 +84,27 @@ def test_dense_layout_kernels_match_the_torch_pipeline(T, E, K, tile, rule, skew
     bound = dense_row_bound(T, E, K, tile)
     want = dense_routing_metadata(scores, assigned, bound)
     got = dense_layout(assigned.cuda().t().contiguous(), scores.float().cuda().t().contiguous(), bound)
+    for name, w, g in zip(routing.DenseRoutingMetadata._fields, want, got):
+        assert torch.equal(g.cpu(), w), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dense_layout_kernels_on_an_unaligned_assignment_and_a_loose_bound():
+    # T % 16 == 0 but the assignment starts one byte into its storage (the byte-load path of
+    # the masks), and a row_bound past the pairs (zeros to the end of every buffer).
+    from sonicmoe import routing
+    from sonicmoe._ops import dense_layout
+
+    T, E, K, tile = 1024, 40, 4, 64
+    gen = torch.Generator().manual_seed(5)
+    scores, assigned = token_rounding(torch.randn(T, E, generator=gen), K, tile, "nearest")
+    bound = dense_row_bound(T, E, K, tile) + 1000
+    want = dense_routing_metadata(scores, assigned, bound)
+    storage = torch.zeros(E * T + 1, dtype=torch.bool, device="cuda")
+    unaligned = storage[1:].view(E, T)
+    unaligned.copy_(assigned.t())
+    assert unaligned.is_contiguous() and unaligned.data_ptr() % 16 == 1
+    got = dense_layout(unaligned, scores.float().cuda().t().contiguous(), bound)
     for name, w, g in zip(routing.DenseRoutingMetadata._fields, want, got):
         assert torch.equal(g.cpu(), w), name
 

@@ -264,3 +264,28 @@ def test_assign_kernel_on_unaligned_rows_matches_the_aligned(rule):
     got, got_counts = token_rounding_assign(shifted_probs, shifted_chosen, tile, rule)
     assert torch.equal(got, want) and torch.equal(got_counts, want_counts)
     assert torch.equal(want.sum(1).int(), want_counts)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rule", [0, 1, 2])
+@pytest.mark.parametrize("T,E,K,tile,ties", [
+    (4096, 64, 8, 128, False), (1001, 128, 4, 64, True), (2048, 129, 4, 32, False), (4096, 512, 8, 128, False),
+    (1002, 300, 2, 16, True),
+])
+def test_assign_kernel_matches_the_bounded_topk(rule, T, E, K, tile, ties):
+    # token_rounding_assign (both block sizes: 1024 threads where E <= 128; 4-token chunks where
+    # T % 4 == 0) against the torch rule on the same probabilities, exactly; ties: probabilities
+    # on a coarse grid, so that the threshold's ties are taken by token index.
+    from sonicmoe._ops import token_rounding_assign
+    from sonicmoe.routing import TOKEN_ROUNDING_RULES, _assign_by_bounded_topk, _rounded_counts
+
+    probs = make_logits(T, E, "cpu", ("assign", T, E, rule)).float().softmax(-1)
+    if ties:
+        probs = (probs * 64).round() / 64
+    chosen = torch.zeros(T, E, dtype=torch.bool).scatter_(1, probs.topk(K, -1).indices, True)
+    counts = chosen.sum(0)
+    target = _rounded_counts(counts, T, tile, TOKEN_ROUNDING_RULES[rule])
+    want = _assign_by_bounded_topk(probs, chosen, counts, target, tile)
+    got, got_counts = token_rounding_assign(probs.t().contiguous().cuda(), chosen.t().contiguous().cuda(), tile, rule)
+    assert torch.equal(got.cpu(), want)
+    assert torch.equal(got_counts.cpu(), target.int())
