@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -328,29 +329,43 @@ Status launch_router_topk(const RouterTopkParams& p, const Logit* logits) {
 }
 
 
-// rounding_probs_kernel with the fewest slots that hold E logits per lane; its shared rows take
-// up to 128 KiB (E 1024), past the 48 KiB default.
+// One rounding_probs_kernel. Its shared rows take up to 128 KiB (E 1024), past the 48 KiB
+// default: a variant that can need more opts in once per device, to the most its E range needs
+// (cudaFuncSetAttribute on every launch cost host time where E > 384).
+template <class Logit, int kSlots, int kWarps>
+Status launch_rounding_probs_variant(const RoundingProbsParams& p, const Logit* logits, int blocks, size_t smem) {
+  auto* kernel = rounding_probs_kernel<Logit, kSlots, kWarps>;
+  constexpr size_t kMostSmem = sizeof(float) * kRoundingTokensPerBlock * rounding_rows_pitch(32 * kSlots);
+  if constexpr (kMostSmem > 48 * 1024) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<bool> opted_in[kMaxDevices];
+    int device = 0;
+    SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+    if (device >= kMaxDevices || !opted_in[device].load(std::memory_order_acquire)) {
+      SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMostSmem)));
+      if (device < kMaxDevices) opted_in[device].store(true, std::memory_order_release);
+    }
+  }
+  kernel<<<blocks, kWarps * 32, smem, p.stream>>>(logits, p.num_tokens, p.num_experts, p.top_k, p.probs, p.probs_t,
+                                                  p.chosen_t);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+// rounding_probs_kernel with the fewest slots that hold E logits per lane.
 template <class Logit>
 Status launch_rounding_probs(const RoundingProbsParams& p, const Logit* logits) {
   const int blocks = static_cast<int>((p.num_tokens + kRoundingTokensPerBlock - 1) / kRoundingTokensPerBlock);
   const size_t smem = sizeof(float) * kRoundingTokensPerBlock * rounding_rows_pitch(p.num_experts);
-  auto launch = [&](auto kernel, int warps) -> Status {
-    if (smem > 48 * 1024)
-      SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kernel<<<blocks, warps * 32, smem, p.stream>>>(logits, p.num_tokens, p.num_experts, p.top_k, p.probs, p.probs_t,
-                                                   p.chosen_t);
-    SONICMOE_CUDA_TRY(cudaGetLastError());
-    return Status::success();
-  };
   // 16 warps where 32 keys (or 16 fp32 logits and their keys) spill at 64 registers.
   constexpr int kWideWarps = std::is_same_v<Logit, float> ? 16 : 32;
   const int slots = (p.num_experts + 31) / 32;
-  if (slots <= 1) return launch(rounding_probs_kernel<Logit, 1, 32>, 32);
-  if (slots <= 2) return launch(rounding_probs_kernel<Logit, 2, 32>, 32);
-  if (slots <= 4) return launch(rounding_probs_kernel<Logit, 4, 32>, 32);
-  if (slots <= 8) return launch(rounding_probs_kernel<Logit, 8, 32>, 32);
-  if (slots <= 16) return launch(rounding_probs_kernel<Logit, 16, kWideWarps>, kWideWarps);
-  return launch(rounding_probs_kernel<Logit, kMaxSlots, 16>, 16);
+  if (slots <= 1) return launch_rounding_probs_variant<Logit, 1, 32>(p, logits, blocks, smem);
+  if (slots <= 2) return launch_rounding_probs_variant<Logit, 2, 32>(p, logits, blocks, smem);
+  if (slots <= 4) return launch_rounding_probs_variant<Logit, 4, 32>(p, logits, blocks, smem);
+  if (slots <= 8) return launch_rounding_probs_variant<Logit, 8, 32>(p, logits, blocks, smem);
+  if (slots <= 16) return launch_rounding_probs_variant<Logit, 16, kWideWarps>(p, logits, blocks, smem);
+  return launch_rounding_probs_variant<Logit, kMaxSlots, 16>(p, logits, blocks, smem);
 }
 }  // namespace
 
