@@ -33,13 +33,21 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
     return Status::error("down_proj_grad: d_out, w2, h, d_h and a_scaled must be 16-byte aligned");
   const GemmTileConfig config =
       p.config == GemmTileConfig::kAuto ? sm90::choose_down_proj_grad_config(p.n, p.d) : p.config;
+  Status status;
   switch (config) {
-    case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_down_proj_grad_cooperative_256x128(p);
-    case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_down_proj_grad_cooperative_128x256(p);
+    case GemmTileConfig::kVarlenCooperative256x128x64: status = sm90::run_down_proj_grad_cooperative_256x128(p); break;
+    case GemmTileConfig::kVarlenCooperative128x256x64: status = sm90::run_down_proj_grad_cooperative_128x256(p); break;
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
-      return sm90::run_down_proj_grad_cooperative_128x256_c2x1(p);
-    default: return sm90::run_down_proj_grad(p);  // kVarlenPingpong128x128x64
+      status = sm90::run_down_proj_grad_cooperative_128x256_c2x1(p);
+      break;
+    default: status = sm90::run_down_proj_grad(p);  // kVarlenPingpong128x128x64
   }
+  if (!status.ok() || !p.partial_rows) return status;
+  // The weight gradients read d_h and a_scaled by TMA boxes that may reach past offsets[E].
+  const int32_t* end_row = p.expert_offsets + p.num_experts;
+  status = run_zero_rows_past_end(end_row, p.d_h, p.m_total, 2 * p.n * 2, kRowsZeroedPastEnd, p.stream);
+  if (!status.ok()) return status;
+  return run_zero_rows_past_end(end_row, p.a_scaled, p.m_total, p.n * 2, kRowsZeroedPastEnd, p.stream);
 }
 
 }  // namespace sonicmoe

@@ -150,13 +150,23 @@ struct DownProjGradParams {
   int64_t n = 0;
   int num_experts = 0;
   int sm_count = 0;
-  bool partial_rows = false;  // as in GroupedGemmParams
+  // As in GroupedGemmParams; then d_h and a_scaled are also zeroed on their first
+  // kRowsZeroedPastEnd rows past expert_offsets[E] (see run_zero_rows_past_end).
+  bool partial_rows = false;
   GemmTileConfig config = GemmTileConfig::kAuto;  // as in UpProjParams
   cudaStream_t stream = nullptr;
 };
 constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial slot
 std::string check_down_proj_grad(const DownProjGradParams& params);
 Status run_down_proj_grad(const DownProjGradParams& params);
+
+// Upper-bound buffers (partial_rows) are not written past expert_offsets[E]; a varlen-K tile that
+// loads whole 64-row boxes by TMA reads up to 63 rows past the last expert's end, multiplied by
+// zeros, which must therefore be finite. run_zero_rows_past_end zeroes rows [end, end + count)
+// (at most rows) of a row-major (rows, row_bytes) buffer, end = *end_row read on the device.
+constexpr int kRowsZeroedPastEnd = 64;
+Status run_zero_rows_past_end(const int32_t* end_row, void* data, int64_t rows, int64_t row_bytes, int count,
+                              cudaStream_t stream);
 
 // Expert weight gradients (K5 and K7 of DESIGN §4), varlen-K grouped GEMMs: for each expert e,
 //   out[e] = sum over the sorted rows r of e of  a_row(r)^T b_row(r)   (m_out x n_out, fp32
@@ -180,8 +190,11 @@ struct WeightGradParams {
   int sm_count = 0;
   bool partial_rows = false;  // as in GroupedGemmParams
   // kVarlenPingpong128x128x64; or cooperative with the gathered side 128 wide:
-  // kVarlenCooperative128x256x64 when gather_a, kVarlenCooperative256x128x64 otherwise, not with
-  // partial_rows; kAuto: sm90::choose_weight_grad_config.
+  // kVarlenCooperative128x256x64 when gather_a, kVarlenCooperative256x128x64 otherwise; kAuto:
+  // sm90::choose_weight_grad_config (ping-pong with partial_rows). A cooperative tile reads its
+  // other operand by TMA in whole 64-row boxes, so with partial_rows that operand's first
+  // kRowsZeroedPastEnd rows past expert_offsets[E] must be finite (down_proj_grad zeroes them
+  // in its outputs); they meet zero-filled rows of the gathered operand.
   GemmTileConfig config = GemmTileConfig::kAuto;
   cudaStream_t stream = nullptr;
 };

@@ -104,10 +104,8 @@ class _LayerApart:
 
 OVERRIDES = {
     "base": {},
-    "rules_s13": {"_dw2_on_k5": lambda n, partial_rows: not partial_rows and n <= 1024,
-                  "_dw1_on_k7": lambda n, partial_rows: not partial_rows and n <= 256},
-    "k5k7_all": {"_dw2_on_k5": lambda n, partial_rows: not partial_rows,
-                 "_dw1_on_k7": lambda n, partial_rows: not partial_rows},
+    "rules_s13": {"_dw2_on_k5": lambda n: n <= 1024, "_dw1_on_k7": lambda n: n <= 256},
+    "k5k7_all": {"_dw2_on_k5": lambda n: True, "_dw1_on_k7": lambda n: True},
     "k4_c2x1": {"down_proj_grad": _with_tile(_ops.down_proj_grad, WIDE_C2X1, _k4_n_fits)},
     "k4_rule_s13": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", _k4_below_4096)},
     "k6_c2x1": {"grouped_gemm_kn": _with_tile(_ops.grouped_gemm_kn, WIDE_C2X1, _k6_fits)},

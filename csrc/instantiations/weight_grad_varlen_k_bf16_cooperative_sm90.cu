@@ -1,11 +1,14 @@
 // K5 / K7 on cooperative tiles: the gathered operand 128 wide (cp.async), the other 256 wide by
 // TMA, so a gathered row chunk serves twice the FLOPs of a ping-pong tile: K5 (A = dO gathered)
-// on 128x256x64, K7 (B = x gathered) on 256x128x64; 4 stages of 48 KB; sm90a. Every row must
-// be written (no partial_rows): the 256-wide side has no cp.async path.
+// on 128x256x64, K7 (B = x gathered) on 256x128x64; 4 stages of 48 KB; sm90a. The 256-wide side
+// has no cp.async path: with partial_rows its rows up to a box past offsets[E] must be finite
+// (down_proj_grad zeroes kRowsZeroedPastEnd of them).
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/weight_grad_launch_sm90.cuh"
 
 namespace sonicmoe::sm90 {
+
+static_assert(kVarlenTileK <= kRowsZeroedPastEnd, "a TMA box reaches at most kVarlenTileK - 1 rows past the end");
 
 Status run_weight_grad_cooperative(const WeightGradParams& p) {
   if (p.gather_a)
