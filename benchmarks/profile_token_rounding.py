@@ -2,7 +2,9 @@
 profiler, after warm-up), at sweep 1's points of DESIGN §6 (T 16384, d 1536, n 256, K 8): where
 rounding's forward gains on the expert GEMMs and where its routing and layout cost more.
 
-    python benchmarks/profile_token_rounding.py [E ...]     # default: 512 (the sparsest point)
+    python benchmarks/profile_token_rounding.py [--step] [E ...]   # default: 512 (the sparsest point)
+
+--step: the kernels of a training step (forward and backward, gradients unset first) instead.
 """
 import sys
 
@@ -24,7 +26,8 @@ def kernel_list(fn):
     return [(e.name, e.device_time) for e in events]
 
 
-for E in [int(a) for a in sys.argv[1:]] or [512]:
+STEP = "--step" in sys.argv
+for E in [int(a) for a in sys.argv[1:] if a != "--step"] or [512]:
     x, router, w1, w2 = layer_params(T, d, n, E)
     with torch.no_grad():
         experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), K, "topk_softmax")[1]
@@ -34,10 +37,16 @@ for E in [int(a) for a in sys.argv[1:]] or [512]:
         def forward():
             with torch.no_grad():
                 return sonicmoe.moe(x, router, w1, w2, K, routing=routing, tile=TILE)
-        kernels = kernel_list(forward)
+
+        def step():
+            for p in (x, router, w1, w2):
+                p.grad = None
+            sonicmoe.moe(x, router, w1, w2, K, routing=routing, tile=TILE).backward(grad_out)
+        grad_out = torch.randn_like(x)
+        kernels = kernel_list(step if STEP else forward)
         total = sum(t for _, t in kernels)
         extra = f", {tiles_topk} m tiles of {TILE} (rounding: ~{T * K // TILE})" if routing == "topk_softmax" else ""
-        print(f"== E {E} {routing}: {len(kernels)} kernels/copies, {total:.1f} us{extra}")
+        print(f"== E {E} {routing}{' step' if STEP else ''}: {len(kernels)} kernels/copies, {total:.1f} us{extra}")
         for name, t in kernels:
             print(f"  {t:9.1f} us  {name[:110]}")
     del x, router, w1, w2
