@@ -74,7 +74,9 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
 
     Returns d_h (M, 2n) bf16, a_scaled = s * A (M, n) bf16 and d_score_partial (M, ceil(n/128))
     fp32, whose row sums are dS = <dA', A>. partial_rows as in grouped_gemm (rows past
-    expert_offsets[E] are not written); tile_config "auto" or a varlen configuration, as in up_proj."""
+    expert_offsets[E] are not written, but for the first 64 of d_h and a_scaled, which are zeros:
+    weight_grad's cooperative tiles read them); tile_config "auto" or a varlen configuration, as
+    in up_proj."""
     _require_extension()
     return torch.ops.sonicmoe.down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx,
                                              partial_rows, _tile_config_number(tile_config))
@@ -87,7 +89,9 @@ def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, 
     weight_grad(dH, x, ..., False)), gathered inside the kernel's loads. Experts without rows get
     exact zeros. partial_rows as in grouped_gemm. tile_config: "auto", "varlen_pingpong_128x128x64",
     or cooperative with the gathered side 128 wide: "varlen_cooperative_128x256x64" with gather_a,
-    "varlen_cooperative_256x128x64" without (neither with partial_rows)."""
+    "varlen_cooperative_256x128x64" without. With partial_rows the cooperative tiles read the
+    other operand's first 64 rows past expert_offsets[E] by TMA, which must be finite
+    (down_proj_grad's outputs are zero there); "auto" takes ping-pong's cp.async path."""
     _require_extension()
     return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows,
                                           _tile_config_number(tile_config))
