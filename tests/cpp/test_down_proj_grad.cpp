@@ -32,6 +32,19 @@ TEST(DownProjGradHost, run_rejects_null_pointers_before_any_launch) {
   EXPECT_NE(sonicmoe::run_down_proj_grad(valid_shape()).message.find("must be non-null"), std::string::npos);
 }
 
+TEST(ZeroRowsPastEnd, rejects_null_pointers_and_partial_vectors_before_any_launch) {
+  alignas(16) static char buf[64];
+  const int32_t* end_row = reinterpret_cast<const int32_t*>(buf);
+  using sonicmoe::run_zero_rows_past_end;
+  EXPECT_TRUE(run_zero_rows_past_end(nullptr, nullptr, 0, 32, 64, nullptr).ok());  // no rows: nothing to do
+  EXPECT_NE(run_zero_rows_past_end(nullptr, buf, 10, 32, 64, nullptr).message.find("must be non-null"),
+            std::string::npos);
+  EXPECT_NE(run_zero_rows_past_end(end_row, buf, 10, 24, 64, nullptr).message.find("whole 16-byte vectors"),
+            std::string::npos);
+  EXPECT_NE(run_zero_rows_past_end(end_row, buf + 8, 10, 32, 64, nullptr).message.find("16-byte aligned"),
+            std::string::npos);
+}
+
 TEST(DownProjGradHost, heuristic_takes_the_clustered_wide_tile_where_n_fills_it_and_d_is_at_least_2048) {
   using sonicmoe::sm90::choose_down_proj_grad_config;
   constexpr auto kWide = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64C2x1;
