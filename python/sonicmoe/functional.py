@@ -74,7 +74,7 @@ def _dw2_on_k5(n: int) -> bool:
     layer's backward at n 1536 (session 14, calls 3-4: qwen3-235b-a22b 534.7 / 547.4 TF against
     528.5 / 540.2); at n 2048 (deepseek-v3) K5 and K7 together lost 2.5% (459.6 against 471.3).
     Token rounding's buffers (partial_rows) take the same rule since session 17: there the
-    gathered copies and torch._grouped_mm took 859 µs at T 16384, d 1536, n 256, E 64, where
+    gathered copies and torch._grouped_mm took 858 µs at T 16384, d 1536, n 256, E 64, where
     top-K's K5 + K7 took 490."""
     return n <= 1536
 
