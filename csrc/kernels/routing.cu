@@ -328,7 +328,6 @@ Status launch_router_topk(const RouterTopkParams& p, const Logit* logits) {
   return Status::success();
 }
 
-
 // One rounding_probs_kernel. Its shared rows take up to 128 KiB (E 1024), past the 48 KiB
 // default: a variant that can need more opts in once per device, to the most its E range needs
 // (cudaFuncSetAttribute on every launch cost host time where E > 384).
@@ -367,6 +366,7 @@ Status launch_rounding_probs(const RoundingProbsParams& p, const Logit* logits) 
   if (slots <= 16) return launch_rounding_probs_variant<Logit, 16, kWideWarps>(p, logits, blocks, smem);
   return launch_rounding_probs_variant<Logit, kMaxSlots, 16>(p, logits, blocks, smem);
 }
+
 }  // namespace
 
 std::string check_router_topk(const RouterTopkParams& p) {

@@ -539,7 +539,6 @@ struct DSwiGLUEpilogue : DSwiGLUColumns<kTileN> {
     int n = 0;
   };
 
-
   template <class Accumulator, class Coords>
   static __device__ void store(const Params& p, Element*, const Accumulator& accum, const Coords& coords,
                                const VarlenTile& t, int, int) {
@@ -647,7 +646,6 @@ struct DSwiGLUSmemSourceEpilogue : DSwiGLUColumns<kTileN> {
     float* d_score_partial = nullptr;  // (m_total, ceil(n / kSlotCols))
     int n = 0;
   };
-
 
   // Once per CTA, by one thread, before the barriers' init fence.
   static __device__ void init_source(const Params& p, SmemTile (&s)[2]) {
