@@ -232,8 +232,11 @@ token_rounding_assign_kernel(const float* __restrict__ probs_t, const uint8_t* _
 constexpr int kChunk = 32;  // tokens per chunk: one mask bit each
 static_assert(kChunk == 32, "a chunk's tokens are the lanes of a warp");
 constexpr int kMaxExpertGroups = kMaxRouterExperts / 32;  // 32 experts per group
-constexpr int kExpertsPerThread = kMaxRouterExperts / kThreads;
-static_assert(kExpertsPerThread * kThreads == kMaxRouterExperts, "whole experts per thread");
+// The entries kernel: 256 threads, 4 blocks per SM (64 registers), so that T 16384's 512 chunks
+// run in one wave (512 threads at 52 registers ran two).
+constexpr int kEntriesThreads = 256;
+constexpr int kExpertsPerThread = kMaxRouterExperts / kEntriesThreads;
+static_assert(kExpertsPerThread * kEntriesThreads == kMaxRouterExperts, "whole experts per thread");
 constexpr int kPairBatch = 8;  // experts whose pairs a warp of the entries kernel loads at once
 
 // Bits 0..3 of the result are bytes 0..3 of w, each 0 or 1 (a bool): the multiply moves byte i
@@ -335,7 +338,7 @@ layout_prefix_kernel(const uint32_t* __restrict__ masks, const int32_t* __restri
 // experts before e through the chunk's transposed masks (per group of 32 experts, bit l: expert
 // 32 g + l). Block 0 writes expert_offsets; the blocks zero [M, row_bound) of the four buffers.
 // A pair past row_bound (a bound below M, which the layer never passes) is not written.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kEntriesThreads, 4)
 layout_entries_kernel(const uint32_t* __restrict__ masks, const int32_t* __restrict__ row_prefix,
                       const int32_t* __restrict__ expert_totals, const int32_t* __restrict__ token_prefix,
                       const float* __restrict__ scores_t, int64_t num_tokens, int num_experts,
@@ -343,7 +346,8 @@ layout_entries_kernel(const uint32_t* __restrict__ masks, const int32_t* __restr
                       int32_t* __restrict__ gather_idx, float* __restrict__ sorted_scores,
                       int32_t* __restrict__ token_offsets, int32_t* __restrict__ rows,
                       float* __restrict__ row_scores) {
-  __shared__ typename BlockScan::TempStorage scan;
+  using EntriesScan = cub::BlockScan<int, kEntriesThreads>;
+  __shared__ typename EntriesScan::TempStorage scan;
   __shared__ uint32_t chunk_mask[kMaxRouterExperts];        // expert -> its tokens in the chunk
   __shared__ int first_row[kMaxRouterExperts];              // expert -> its chunk's first row
   __shared__ uint32_t token_mask[kMaxExpertGroups][kChunk]; // (group, token) -> its experts
@@ -352,25 +356,30 @@ layout_entries_kernel(const uint32_t* __restrict__ masks, const int32_t* __restr
   const int E = num_experts, groups = (E + 31) / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  int totals[kExpertsPerThread], offsets[kExpertsPerThread], pairs;
+  // Every global read of the set-up at once: one round trip where three followed each other.
+  int totals[kExpertsPerThread], offsets[kExpertsPerThread], prefix[kExpertsPerThread], pairs;
+  uint32_t mask[kExpertsPerThread];
+  const int chunk_first_entry = token_prefix[c];
 #pragma unroll
   for (int i = 0; i < kExpertsPerThread; ++i) {
     const int e = threadIdx.x * kExpertsPerThread + i;
     totals[i] = e < E ? expert_totals[e] : 0;
+    mask[i] = e < E ? masks[c * E + e] : 0u;
+    prefix[i] = e < E ? row_prefix[c * E + e] : 0;
   }
-  BlockScan(scan).ExclusiveSum(totals, offsets, pairs);
+  EntriesScan(scan).ExclusiveSum(totals, offsets, pairs);
 #pragma unroll
   for (int i = 0; i < kExpertsPerThread; ++i) {
     const int e = threadIdx.x * kExpertsPerThread + i;
     if (e >= E) continue;
-    chunk_mask[e] = masks[c * E + e];
-    first_row[e] = offsets[i] + row_prefix[c * E + e];
+    chunk_mask[e] = mask[i];
+    first_row[e] = offsets[i] + prefix[i];
     if (c == 0) expert_offsets[e] = offsets[i];
   }
   if (c == 0 && threadIdx.x == 0) expert_offsets[E] = pairs;
   __syncthreads();
 
-  for (int g = warp; g < groups; g += kThreads / 32) {  // transpose: 32 ballots per group
+  for (int g = warp; g < groups; g += kEntriesThreads / 32) {  // transpose: 32 ballots per group
     const int e = g * 32 + lane;
     const uint32_t m = e < E ? chunk_mask[e] : 0u;
     uint32_t mine = 0;
@@ -394,7 +403,7 @@ layout_entries_kernel(const uint32_t* __restrict__ masks, const int32_t* __restr
       const int v = __shfl_up_sync(0xffffffffu, inclusive, s);
       if (lane >= s) inclusive += v;
     }
-    const int first = token_prefix[c] + inclusive - count;
+    const int first = chunk_first_entry + inclusive - count;
     for (int g = 0; g < groups; ++g) first_entry[g][lane] += first;
     if (t0 + lane < T) token_offsets[t0 + lane] = first;
     if (c == C - 1 && lane == 0) token_offsets[T] = pairs;
@@ -403,7 +412,7 @@ layout_entries_kernel(const uint32_t* __restrict__ masks, const int32_t* __restr
 
   // kPairBatch experts per warp at a time: their scores load together (one at a time, each
   // warp waited out a load per expert: 25.9 µs at T 16384, E 512).
-  constexpr int kWarps = kThreads / 32;
+  constexpr int kWarps = kEntriesThreads / 32;
   const uint32_t lanes_below = (1u << lane) - 1u;
   const int64_t t = t0 + lane;
   for (int e0 = warp; e0 < E; e0 += kWarps * kPairBatch) {
@@ -432,7 +441,7 @@ layout_entries_kernel(const uint32_t* __restrict__ masks, const int32_t* __restr
     }
   }
   // Past the M pairs: token 0, row 0, score 0 (DenseRoutingMetadata).
-  for (int64_t i = pairs + c * kThreads + threadIdx.x; i < row_bound; i += C * kThreads) {
+  for (int64_t i = pairs + c * kEntriesThreads + threadIdx.x; i < row_bound; i += C * kEntriesThreads) {
     gather_idx[i] = 0;
     sorted_scores[i] = 0.f;
     rows[i] = 0;
@@ -554,7 +563,7 @@ Status run_dense_layout(const DenseLayoutParams& p) {
   layout_prefix_kernel<<<groups + 1, kScanThreads, 0, p.stream>>>(w.masks, w.chunk_totals, C, p.num_experts,
                                                                   w.row_prefix, w.expert_totals, w.token_prefix);
   SONICMOE_CUDA_TRY(cudaGetLastError());
-  layout_entries_kernel<<<chunks, kThreads, 0, p.stream>>>(
+  layout_entries_kernel<<<chunks, kEntriesThreads, 0, p.stream>>>(
       w.masks, w.row_prefix, w.expert_totals, w.token_prefix, p.scores_t, T, p.num_experts, p.row_bound,
       p.expert_offsets, p.gather_idx, p.sorted_scores, p.token_offsets, p.rows, p.row_scores);
   SONICMOE_CUDA_TRY(cudaGetLastError());
