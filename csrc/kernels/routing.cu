@@ -367,19 +367,27 @@ Status launch_rounding_probs(const RoundingProbsParams& p, const Logit* logits) 
   return launch_rounding_probs_variant<Logit, kMaxSlots, 16>(p, logits, blocks, smem);
 }
 
+// R's limits, shared by router_topk and rounding_probs (op names the one in the message).
+std::string router_rule(const char* op, const char* name, int64_t v, const std::string& r) {
+  return std::string(op) + ": " + name + " = " + std::to_string(v) + " breaks the rule: " + r;
+}
+std::string check_router_shape(const char* op, int64_t num_tokens, int num_experts, int top_k) {
+  if (num_tokens < 0 || num_tokens > INT32_MAX)
+    return router_rule(op, "num_tokens", num_tokens, "must be in [0, 2^31 - 1]");
+  if (num_experts < 1 || num_experts > kMaxRouterExperts)
+    return router_rule(op, "num_experts", num_experts,
+                       "must be in [1, " + std::to_string(kMaxRouterExperts) + "] (one warp holds a token's logits)");
+  if (top_k < 1 || top_k > num_experts || top_k > kMaxRouterTopK)
+    return router_rule(op, "top_k", top_k, "must be in [1, min(num_experts, " + std::to_string(kMaxRouterTopK) + ")]");
+  return {};
+}
+
 }  // namespace
 
 std::string check_router_topk(const RouterTopkParams& p) {
-  auto rule = [](const char* name, int64_t v, const std::string& r) {
-    return std::string("router_topk: ") + name + " = " + std::to_string(v) + " breaks the rule: " + r;
-  };
-  if (p.num_tokens < 0 || p.num_tokens > INT32_MAX) return rule("num_tokens", p.num_tokens, "must be in [0, 2^31 - 1]");
-  if (p.num_experts < 1 || p.num_experts > kMaxRouterExperts)
-    return rule("num_experts", p.num_experts,
-                "must be in [1, " + std::to_string(kMaxRouterExperts) + "] (one warp holds a token's logits)");
-  if (p.top_k < 1 || p.top_k > p.num_experts || p.top_k > kMaxRouterTopK)
-    return rule("top_k", p.top_k, "must be in [1, min(num_experts, " + std::to_string(kMaxRouterTopK) + ")]");
-  if (p.mode < 0 || p.mode > 2) return rule("mode", p.mode, "must name a RouterMode (0, 1 or 2)");
+  std::string problem = check_router_shape("router_topk", p.num_tokens, p.num_experts, p.top_k);
+  if (!problem.empty()) return problem;
+  if (p.mode < 0 || p.mode > 2) return router_rule("router_topk", "mode", p.mode, "must name a RouterMode (0, 1 or 2)");
   return {};
 }
 
@@ -394,13 +402,7 @@ Status run_router_topk(const RouterTopkParams& p) {
 }
 
 std::string check_rounding_probs(const RoundingProbsParams& p) {
-  RouterTopkParams topk;
-  topk.num_tokens = p.num_tokens;
-  topk.num_experts = p.num_experts;
-  topk.top_k = p.top_k;
-  std::string problem = check_router_topk(topk);
-  if (!problem.empty()) problem.replace(0, std::string("router_topk").size(), "rounding_probs");
-  return problem;
+  return check_router_shape("rounding_probs", p.num_tokens, p.num_experts, p.top_k);
 }
 
 Status run_rounding_probs(const RoundingProbsParams& p) {
