@@ -45,9 +45,10 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   if (!status.ok() || !p.partial_rows) return status;
   // The weight gradients read d_h and a_scaled by TMA boxes that may reach past offsets[E].
   const int32_t* end_row = p.expert_offsets + p.num_experts;
-  status = run_zero_rows_past_end(end_row, p.d_h, p.m_total, 2 * p.n * 2, kRowsZeroedPastEnd, p.stream);
+  constexpr int64_t kBf16Bytes = 2;
+  status = run_zero_rows_past_end(end_row, p.d_h, p.m_total, 2 * p.n * kBf16Bytes, kRowsZeroedPastEnd, p.stream);
   if (!status.ok()) return status;
-  return run_zero_rows_past_end(end_row, p.a_scaled, p.m_total, p.n * 2, kRowsZeroedPastEnd, p.stream);
+  return run_zero_rows_past_end(end_row, p.a_scaled, p.m_total, p.n * kBf16Bytes, kRowsZeroedPastEnd, p.stream);
 }
 
 }  // namespace sonicmoe
