@@ -4,10 +4,13 @@
 // Assignment, one block per expert: count the expert's top-K tokens, round the count by the
 // rule, and flip the |target - count| (< tile) tokens that rounding changes: the best-scoring
 // unchosen ones when rounding up, the worst-scoring chosen ones when rounding down. They are
-// found by a radix select on the probability bits (3 passes of 12, 11 and 8 bits over the
-// expert's row), then an ordered pass that takes the tied tokens at the threshold by token index
-// (lower first when adding, higher first when dropping), exactly the order of
-// sonicmoe.routing's sort.
+// found by a radix select on the probability bits (digits of 12, 11 and 8 bits), with the
+// tied tokens at the threshold taken by token index (lower first when adding, higher first when
+// dropping), exactly the order of sonicmoe.routing's sort. Two passes over the expert's row: the
+// one that copies the choice counts the first digit; the second flips every candidate above the
+// threshold's first-digit bin and lists the bin's candidates in shared memory, where the later
+// digits and the ties are taken. A bin too large for the list (a row of near-equal
+// probabilities) takes them by passes over the row instead, then an ordered pass for the ties.
 //
 // Layout, on chunks of 32 tokens: (1) each expert's 32-bit mask of each chunk, (2) per expert,
 // the prefix of its masks' counts over the chunks, and the chunks' prefix of pairs, (3) per
@@ -69,6 +72,80 @@ __device__ __forceinline__ void load_chunk(const float* probs, const uint8_t* ch
 }
 __device__ __forceinline__ bool chunk_flag(uint32_t flags, int j) { return (flags >> (8 * j)) & 1u; }
 
+// One digit of the radix select, by the whole block: the digit of `pass` where the count of
+// candidates from the top (bins: that digit's histogram) reaches `remaining`. Thread i sums bins
+// [kRadixBins - kBinsPerThread (i + 1), kRadixBins - kBinsPerThread i), a block scan gives the
+// count above them, and the one thread whose bins cross `remaining` walks them. Appends the
+// digit to prefix / prefix_mask and takes the candidates above it from remaining.
+template <int kBlockThreads>
+__device__ __forceinline__ void take_digit(const int* bins, int pass,
+                                           typename cub::BlockScan<int, kBlockThreads>::TempStorage& scan,
+                                           int (&shared_int)[2], uint32_t& prefix, uint32_t& prefix_mask,
+                                           int& remaining) {
+  constexpr int kBinsPerThread = kRadixBins / kBlockThreads;
+  const int top_bin = kRadixBins - 1 - kBinsPerThread * threadIdx.x;
+  int mine_sum = 0;
+  for (int b = 0; b < kBinsPerThread; ++b) mine_sum += bins[top_bin - b];
+  int above, total;
+  cub::BlockScan<int, kBlockThreads>(scan).ExclusiveSum(mine_sum, above, total);
+  if (above < remaining && remaining <= above + mine_sum) {
+    int digit = top_bin;
+    while (above + bins[digit] < remaining) above += bins[digit--];
+    shared_int[0] = digit;
+    shared_int[1] = above;
+  }
+  __syncthreads();
+  prefix |= uint32_t(shared_int[0]) << radix_shift(pass);
+  prefix_mask |= radix_mask(pass) << radix_shift(pass);
+  remaining -= shared_int[1];
+  __syncthreads();  // shared_int is reused
+}
+
+// Flips token t's byte of an expert's row: by an atomic where the row is read as 4-token words
+// (the list's flips may share a word), by a plain write where each token is its own byte.
+__device__ __forceinline__ void flip_token(uint32_t* out, uint32_t t) { atomicXor(out + t / 4, 1u << (8 * (t % 4))); }
+__device__ __forceinline__ void flip_token(uint8_t* out, uint32_t t) { out[t] ^= 1; }
+
+// The later digits and the ties of the radix select from a list in shared memory of the
+// candidates in the threshold's first-digit bin (`listed` entries of key << 32 | token, each
+// matching prefix / prefix_mask): flips every listed token above the threshold and, of those at
+// it, the first `remaining` in tie order (lower tokens first when adding, higher first when
+// dropping). bins: kRadixBins ints of scratch.
+template <int kBlockThreads, class Word>
+__device__ __forceinline__ void take_from_list(const uint64_t* list, int listed, bool adding,
+                                               typename cub::BlockScan<int, kBlockThreads>::TempStorage& scan,
+                                               int* bins, int (&shared_int)[2], uint32_t prefix, uint32_t prefix_mask,
+                                               int remaining, Word* out) {
+  for (int pass = 1; pass < kRadixPasses; ++pass) {
+    for (int i = threadIdx.x; i < kRadixBins; i += kBlockThreads) bins[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < listed; i += kBlockThreads) {
+      const uint32_t key = uint32_t(list[i] >> 32);
+      if ((key & prefix_mask) == prefix) atomicAdd(&bins[(key >> radix_shift(pass)) & radix_mask(pass)], 1);
+    }
+    __syncthreads();
+    take_digit<kBlockThreads>(bins, pass, scan, shared_int, prefix, prefix_mask, remaining);
+  }
+  const uint32_t threshold = prefix;  // `remaining` of the listed tokens with exactly this key are taken
+  int* ties = bins;                    // the tokens at the threshold, in no order
+  if (threadIdx.x == 0) shared_int[0] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < listed; i += kBlockThreads) {
+    const uint32_t key = uint32_t(list[i] >> 32), token = uint32_t(list[i]);
+    if (key > threshold) flip_token(out, token);
+    else if (key == threshold) ties[atomicAdd(&shared_int[0], 1)] = static_cast<int>(token);
+  }
+  __syncthreads();
+  const int tied = shared_int[0];  // >= remaining
+  for (int i = threadIdx.x; i < tied; i += kBlockThreads) {
+    const int token = ties[i];
+    int ahead = 0;  // ties before this one in tie order; counted only where not every tie is taken
+    if (tied > remaining)
+      for (int k = 0; k < tied; ++k) ahead += adding ? ties[k] < token : ties[k] > token;
+    if (ahead < remaining) flip_token(out, static_cast<uint32_t>(token));
+  }
+}
+
 // One block per expert. kVec 4 where T % 4 == 0 (every row 16-byte aligned), else 1.
 template <int kVec, int kBlockThreads>
 __global__ void __launch_bounds__(kBlockThreads)
@@ -87,8 +164,9 @@ token_rounding_assign_kernel(const float* __restrict__ probs_t, const uint8_t* _
   // The first digit's counts, in the pass that copies the choice (the direction is known only
   // after the count): [0] of the unchosen tokens (candidates when adding), [1] of the chosen
   // ones (when dropping). The later passes use [0].
-  __shared__ int histogram[2][kRadixBins];
+  __shared__ alignas(16) int histogram[2][kRadixBins];
   __shared__ int shared_int[2];
+  __shared__ int list_size;
   const int e = blockIdx.x;
   const int64_t T = num_tokens;
   const int64_t chunks = T / kVec;
@@ -131,55 +209,75 @@ token_rounding_assign_kernel(const float* __restrict__ probs_t, const uint8_t* _
   // Radix select: the key of the remaining-th largest candidate, 12 bits first. With 8-bit
   // digits the first pass saw only the sign and 7 exponent bits, which softmax probabilities
   // share: nearly every token's atomic hit one or two bins (122 us at T 16384, E 512). 12 bits
-  // below the sign reach 4 mantissa bits, spreading the tokens over ~100 bins, and 3 passes
-  // read the row where 4 did (the first of them within the copy above).
+  // below the sign reach 4 mantissa bits, spreading the tokens over ~100 bins.
   uint32_t prefix = rank_key(0.f, adding) & 0x80000000u, prefix_mask = 0x80000000u;
-  for (int pass = 0; pass < kRadixPasses; ++pass) {
-    const int shift = radix_shift(pass);
-    const uint32_t mask = radix_mask(pass);
-    int* bins = histogram[pass == 0 && !adding ? 1 : 0];
-    if (pass > 0) {
-      for (int i = threadIdx.x; i < kRadixBins; i += kBlockThreads) bins[i] = 0;
-      __syncthreads();
-#pragma unroll 2
-      for (int64_t c = threadIdx.x; c < chunks; c += kBlockThreads) {
-        float p[kVec];
-        uint32_t flags;
-        load_chunk<kVec>(probs, chosen, c, p, flags);
+  take_digit<kBlockThreads>(histogram[adding ? 0 : 1], 0, temp.scan, shared_int, prefix, prefix_mask, remaining);
+  const uint32_t bin_prefix = prefix, bin_mask = prefix_mask;  // the threshold's first-digit bin
+
+  // The second pass over the row flips every candidate above that bin (taken whatever its later
+  // digits) and lists the bin's candidates, (key, token), in shared memory (the dropping
+  // histogram's space, free once its digit is taken). Where they fit, the later digits and the
+  // ties are taken from the list: two passes over the row where four ran.
+  uint64_t* list = reinterpret_cast<uint64_t*>(histogram[1]);
+  constexpr int kListCapacity = sizeof(histogram[1]) / sizeof(uint64_t);
+  if (threadIdx.x == 0) list_size = 0;
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < chunks; c += kBlockThreads) {
+    float p[kVec];
+    uint32_t flags;
+    load_chunk<kVec>(probs, chosen, c, p, flags);
+    uint32_t flip = 0;  // one bit per token byte
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          if (chunk_flag(flags, j) == adding) continue;  // not a candidate
-          const uint32_t key = rank_key(p[j], adding);
-          if ((key & prefix_mask) == prefix) atomicAdd(&bins[(key >> shift) & mask], 1);
-        }
+    for (int j = 0; j < kVec; ++j) {
+      if (chunk_flag(flags, j) == adding) continue;  // not a candidate
+      const uint32_t key = rank_key(p[j], adding);
+      const uint32_t bin = key & bin_mask;
+      if (bin > bin_prefix) {
+        flip |= 1u << (8 * j);
+      } else if (bin == bin_prefix) {
+        const int slot = atomicAdd(&list_size, 1);
+        if (slot < kListCapacity) list[slot] = uint64_t(key) << 32 | uint32_t(c * kVec + j);
       }
-      __syncthreads();
     }
-    // The digit where the count from the top reaches `remaining`: thread i sums bins
-    // [kRadixBins - kBinsPerThread (i + 1), kRadixBins - kBinsPerThread i), a block scan gives
-    // the count above them, and the one thread whose bins cross `remaining` walks them.
-    const int top_bin = kRadixBins - 1 - kBinsPerThread * threadIdx.x;
-    int mine_sum = 0;
-    for (int b = 0; b < kBinsPerThread; ++b) mine_sum += bins[top_bin - b];
-    int above, total;
-    Scan(temp.scan).ExclusiveSum(mine_sum, above, total);
-    if (above < remaining && remaining <= above + mine_sum) {
-      int digit = top_bin;
-      while (above + bins[digit] < remaining) above += bins[digit--];
-      shared_int[0] = digit;
-      shared_int[1] = above;
+    if (flip != 0) out[c] ^= Word(flip);
+  }
+  __syncthreads();
+  const int listed = list_size;
+  if (listed <= kListCapacity) {
+    take_from_list<kBlockThreads>(list, listed, adding, temp.scan, histogram[0], shared_int, prefix, prefix_mask,
+                                  remaining, out);
+    return;
+  }
+
+  // More than kListCapacity candidates in the bin (a row of near-equal probabilities): the later
+  // digits by passes over the row.
+  for (int pass = 1; pass < kRadixPasses; ++pass) {
+    int* bins = histogram[0];
+    for (int i = threadIdx.x; i < kRadixBins; i += kBlockThreads) bins[i] = 0;
+    __syncthreads();
+#pragma unroll 2
+    for (int64_t c = threadIdx.x; c < chunks; c += kBlockThreads) {
+      float p[kVec];
+      uint32_t flags;
+      load_chunk<kVec>(probs, chosen, c, p, flags);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (chunk_flag(flags, j) == adding) continue;  // not a candidate
+        const uint32_t key = rank_key(p[j], adding);
+        if ((key & prefix_mask) == prefix) atomicAdd(&bins[(key >> radix_shift(pass)) & radix_mask(pass)], 1);
+      }
     }
     __syncthreads();
-    prefix |= uint32_t(shared_int[0]) << shift;
-    prefix_mask |= mask << shift;
-    remaining -= shared_int[1];
-    __syncthreads();
+    take_digit<kBlockThreads>(bins, pass, temp.scan, shared_int, prefix, prefix_mask, remaining);
   }
   const uint32_t threshold = prefix;  // `remaining` candidates with exactly this key are taken
 
-  // Every candidate above the threshold flips; of those at it, the first `remaining` in tie
-  // order: token order when adding, reversed when dropping (chunks from the last, each one's
-  // tokens from its last).
+  // Every candidate of the bin above the threshold flips (those above the bin did already); of
+  // those at it, the first `remaining` in tie order: token order when adding, reversed when
+  // dropping (chunks from the last, each one's tokens from its last).
+  auto flips_past_threshold = [&](uint32_t key, bool candidate) {
+    return candidate && key > threshold && (key & bin_mask) == bin_prefix;
+  };
   int taken_ties = 0;
   for (int64_t base = 0; base < chunks; base += kBlockThreads) {
     const int64_t i = base + threadIdx.x;
@@ -193,7 +291,7 @@ token_rounding_assign_kernel(const float* __restrict__ probs_t, const uint8_t* _
     for (int j = 0; j < kVec; ++j) {
       const bool candidate = i < chunks && chunk_flag(flags, j) != adding;
       const uint32_t key = rank_key(p[j], adding);
-      above |= uint32_t(candidate && key > threshold) << j;
+      above |= uint32_t(flips_past_threshold(key, candidate)) << j;
       tie |= uint32_t(candidate && key == threshold) << j;
       my_ties += candidate && key == threshold;
     }
@@ -217,7 +315,7 @@ token_rounding_assign_kernel(const float* __restrict__ probs_t, const uint8_t* _
         uint32_t rest = 0;
 #pragma unroll
         for (int j = 0; j < kVec; ++j)
-          rest |= uint32_t(chunk_flag(flags, j) != adding && rank_key(p[j], adding) > threshold) << (8 * j);
+          rest |= uint32_t(flips_past_threshold(rank_key(p[j], adding), chunk_flag(flags, j) != adding)) << (8 * j);
         if (rest != 0) out[u] ^= Word(rest);
       }
       break;
