@@ -62,6 +62,21 @@ def time_ms(fn, warmup=10, iters=100):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def graph_time_ms(fn, iters=30):
+    """time_ms of fn captured once in a CUDA graph and replayed (no host work between kernels):
+    warmed up on a side stream first, as capture requires."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, warmup=5, iters=iters)
+
+
 def cuda_events(fn):
     """The kernels and copies of one call of fn (torch profiler events on the GPU), in launch
     order: .name, .device_time (µs), .time_range (start, end in µs)."""

@@ -21,7 +21,7 @@ sys.path.insert(0, "benchmarks")
 import sonicmoe
 from torch.profiler import ProfilerActivity, profile
 from sonicmoe.routing import token_rounding_expert_major
-from bench import cuda_events, layer_params, time_ms, warm_up_gpu
+from bench import cuda_events, graph_time_ms, layer_params, time_ms, warm_up_gpu
 
 T, d, n, K, TILE = 16384, 1536, 256, 8, 128
 
@@ -34,19 +34,6 @@ def host_us(fn, calls=20):
     host = (time.perf_counter() - t) / calls * 1e6
     torch.cuda.synchronize()
     return host
-
-
-def graph_ms(fn, iters=50):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay, warmup=5, iters=iters)
 
 
 warm_up_gpu()
@@ -74,7 +61,7 @@ for E in [int(a) for a in sys.argv[1:]] or [64, 512]:
             rows[routing]["eager"].append(time_ms(fn, warmup=3, iters=30) * 1e3)
             rows[routing]["host"].append(host_us(fn))
             try:
-                rows[routing]["graph"].append(graph_ms(fn) * 1e3)
+                rows[routing]["graph"].append(graph_time_ms(fn, iters=50) * 1e3)
             except Exception as err:  # noqa: BLE001 - report, keep measuring the rest
                 print(f"E {E} {routing}: graph capture failed: {type(err).__name__}: {str(err)[:200]}")
     for routing, fn in fns.items():

@@ -18,7 +18,7 @@ sys.path.insert(0, "benchmarks")
 import sonicmoe
 from sonicmoe._ops import combine_csr, grouped_gemm, rounding_probs, token_rounding_assign, up_proj
 from sonicmoe.routing import dense_routing_metadata_expert_major, dense_row_bound
-from bench import cuda_events, layer_params, time_ms, warm_up_gpu
+from bench import cuda_events, graph_time_ms, layer_params, time_ms, warm_up_gpu
 
 T, d, n, K, TILE = 16384, 1536, 256, 8, 128
 STAGES = ("router GEMM", "rounding_probs", "assign", "dense_layout", "K1 up_proj", "K2 grouped_gemm", "combine_csr")
@@ -48,19 +48,6 @@ def by_hand(x, router, w1, w2, E, events=None):
     return out
 
 
-def graph_ms(fn, iters=30):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay, warmup=5, iters=iters)
-
-
 warm_up_gpu()
 for E in [int(a) for a in sys.argv[1:]] or [64, 512]:
     x, router, w1, w2 = layer_params(T, d, n, E)
@@ -88,8 +75,8 @@ for E in [int(a) for a in sys.argv[1:]] or [64, 512]:
         for s, name in enumerate(STAGES):
             stage_us[name].append(statistics.median(ev[s].elapsed_time(ev[s + 1]) for ev in marks) * 1e3)
         totals["by hand, stage events"].append(statistics.median(ev[0].elapsed_time(ev[7]) for ev in marks) * 1e3)
-        totals["layer graph"].append(graph_ms(layer) * 1e3)
-        totals["by hand graph"].append(graph_ms(hand) * 1e3)
+        totals["layer graph"].append(graph_time_ms(layer) * 1e3)
+        totals["by hand graph"].append(graph_time_ms(hand) * 1e3)
     kernels = [(e.name, e.device_time) for e in cuda_events(hand)]
     print(f"== E {E}: " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in totals.items()) + " µs")
     print(f"   stages (median event µs): " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in stage_us.items()))
