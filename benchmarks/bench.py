@@ -467,7 +467,14 @@ def bench_token_rounding(cfg, tile=128):
 
     fns["topk_softmax_gemms"] = gemms_topk
     fns["token_rounding_gemms"] = gemms_rounded
-    ms = time_interleaved(fns, rounds=5, iters=10)
+    # Each part's two routings interleave only with each other. In one rotation of all eight the
+    # rounded forward always ran right after top-K's fwd+bwd, the heaviest, and top-K's forward
+    # never did: on a card whose clock falls under load at its power cap, any after-effect of
+    # that load fell on one side only.
+    ms = {}
+    for part in ("fwd", "fwd_bwd", "experts", "gemms"):
+        ms.update(time_interleaved({f"{r}_{part}": fns[f"{r}_{part}"] for r in ("topk_softmax", "token_rounding")},
+                                   rounds=6, iters=10))
     row = dict(cfg, topk_padding_waste=waste)
     for routing in ("topk_softmax", "token_rounding"):
         for part in ("fwd", "fwd_bwd", "experts", "gemms"):
