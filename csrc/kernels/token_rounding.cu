@@ -43,7 +43,6 @@ constexpr int kRadixBins = 4096;
 __device__ __forceinline__ int radix_shift(int pass) { return pass == 0 ? 19 : pass == 1 ? 8 : 0; }
 __device__ __forceinline__ uint32_t radix_mask(int pass) { return pass == 0 ? 0xfffu : pass == 1 ? 0x7ffu : 0xffu; }
 
-using BlockScan = cub::BlockScan<int, kThreads>;
 using BlockReduce = cub::BlockReduce<int, kThreads>;
 
 // Rank key of token t for expert e: larger = taken first. Adding ranks unchosen tokens by
@@ -83,6 +82,7 @@ __device__ __forceinline__ void take_digit(const int* bins, int pass,
                                            int (&shared_int)[2], uint32_t& prefix, uint32_t& prefix_mask,
                                            int& remaining) {
   constexpr int kBinsPerThread = kRadixBins / kBlockThreads;
+  static_assert(kBinsPerThread * kBlockThreads == kRadixBins, "whole bins per thread");
   const int top_bin = kRadixBins - 1 - kBinsPerThread * threadIdx.x;
   int mine_sum = 0;
   for (int b = 0; b < kBinsPerThread; ++b) mine_sum += bins[top_bin - b];
@@ -155,8 +155,6 @@ token_rounding_assign_kernel(const float* __restrict__ probs_t, const uint8_t* _
   using Word = std::conditional_t<kVec == 4, uint32_t, uint8_t>;  // a chunk's flags
   using Scan = cub::BlockScan<int, kBlockThreads>;
   using Reduce = cub::BlockReduce<int, kBlockThreads>;
-  constexpr int kBinsPerThread = kRadixBins / kBlockThreads;
-  static_assert(kBinsPerThread * kBlockThreads == kRadixBins, "whole bins per thread");
   __shared__ union {
     typename Reduce::TempStorage reduce;
     typename Scan::TempStorage scan;
