@@ -46,9 +46,8 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   // The weight gradients read d_h and a_scaled by TMA boxes that may reach past offsets[E].
   const int32_t* end_row = p.expert_offsets + p.num_experts;
   constexpr int64_t kBf16Bytes = 2;
-  status = run_zero_rows_past_end(end_row, p.d_h, p.m_total, 2 * p.n * kBf16Bytes, kRowsZeroedPastEnd, p.stream);
-  if (!status.ok()) return status;
-  return run_zero_rows_past_end(end_row, p.a_scaled, p.m_total, p.n * kBf16Bytes, kRowsZeroedPastEnd, p.stream);
+  return run_zero_rows_past_end(end_row, p.m_total, kRowsZeroedPastEnd,
+                                {{p.d_h, 2 * p.n * kBf16Bytes}, {p.a_scaled, p.n * kBf16Bytes}}, p.stream);
 }
 
 }  // namespace sonicmoe

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace sonicmoe {
@@ -163,10 +164,16 @@ Status run_down_proj_grad(const DownProjGradParams& params);
 // Upper-bound buffers (partial_rows) are not written past expert_offsets[E]; a varlen-K tile that
 // loads whole 64-row boxes by TMA reads up to 63 rows past the last expert's end, multiplied by
 // zeros, which must therefore be finite. run_zero_rows_past_end zeroes rows [end, end + count)
-// (at most rows) of a row-major (rows, row_bytes) buffer, end = *end_row read on the device.
+// (at most rows) of each row-major (rows, row_bytes) buffer, end = *end_row read on the device,
+// all of them in one launch.
 constexpr int kRowsZeroedPastEnd = 64;
-Status run_zero_rows_past_end(const int32_t* end_row, void* data, int64_t rows, int64_t row_bytes, int count,
-                              cudaStream_t stream);
+struct RowMajorBuffer {
+  void* data = nullptr;
+  int64_t row_bytes = 0;
+};
+constexpr int kMaxBuffersZeroedPastEnd = 2;
+Status run_zero_rows_past_end(const int32_t* end_row, int64_t rows, int count,
+                              std::initializer_list<RowMajorBuffer> buffers, cudaStream_t stream);
 
 // Expert weight gradients (K5 and K7 of DESIGN §4), varlen-K grouped GEMMs: for each expert e,
 //   out[e] = sum over the sorted rows r of e of  a_row(r)^T b_row(r)   (m_out x n_out, fp32

@@ -2,7 +2,9 @@
 // the weight gradients' TMA boxes read (sonicmoe.h, run_zero_rows_past_end). Plain CUDA.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "common/cuda_check.h"
 #include "sonicmoe.h"
@@ -12,9 +14,15 @@ namespace {
 
 constexpr int kThreads = 256;
 
+struct ZeroTargets {  // by value in the launch: buffer blockIdx.y of the grid
+  uint4* data[kMaxBuffersZeroedPastEnd];
+  int64_t row_vecs[kMaxBuffersZeroedPastEnd];
+};
+
 __global__ void __launch_bounds__(kThreads)
-zero_rows_past_end_kernel(const int32_t* __restrict__ end_row, uint4* __restrict__ data, int64_t rows,
-                          int64_t row_vecs, int count) {
+zero_rows_past_end_kernel(const int32_t* __restrict__ end_row, ZeroTargets targets, int64_t rows, int count) {
+  uint4* __restrict__ data = targets.data[blockIdx.y];
+  const int64_t row_vecs = targets.row_vecs[blockIdx.y];
   const int64_t first = *end_row;
   const int64_t last = first + count < rows ? first + count : rows;
   const int64_t vecs = (last - first) * row_vecs;
@@ -24,16 +32,28 @@ zero_rows_past_end_kernel(const int32_t* __restrict__ end_row, uint4* __restrict
 
 }  // namespace
 
-Status run_zero_rows_past_end(const int32_t* end_row, void* data, int64_t rows, int64_t row_bytes, int count,
-                              cudaStream_t stream) {
-  if (rows == 0 || count <= 0) return Status::success();
-  if (end_row == nullptr || data == nullptr) return Status::error("zero_rows_past_end: end_row and data must be non-null");
-  if (row_bytes <= 0 || row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 16 != 0)
-    return Status::error("zero_rows_past_end: rows must be whole 16-byte vectors and data 16-byte aligned");
-  const int64_t row_vecs = row_bytes / 16;
-  const int64_t blocks = (int64_t(count) * row_vecs + kThreads - 1) / kThreads;
-  zero_rows_past_end_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), kThreads, 0, stream>>>(
-      end_row, static_cast<uint4*>(data), rows, row_vecs, count);
+Status run_zero_rows_past_end(const int32_t* end_row, int64_t rows, int count,
+                              std::initializer_list<RowMajorBuffer> buffers, cudaStream_t stream) {
+  if (rows == 0 || count <= 0 || buffers.size() == 0) return Status::success();
+  if (buffers.size() > kMaxBuffersZeroedPastEnd)
+    return Status::error("zero_rows_past_end: " + std::to_string(buffers.size()) + " buffers breaks the rule: at most " +
+                         std::to_string(kMaxBuffersZeroedPastEnd) + " per launch");
+  ZeroTargets targets{};
+  int64_t most_vecs = 0;
+  int b = 0;
+  for (const RowMajorBuffer& buf : buffers) {
+    if (end_row == nullptr || buf.data == nullptr)
+      return Status::error("zero_rows_past_end: end_row and data must be non-null");
+    if (buf.row_bytes <= 0 || buf.row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(buf.data) % 16 != 0)
+      return Status::error("zero_rows_past_end: rows must be whole 16-byte vectors and data 16-byte aligned");
+    targets.data[b] = static_cast<uint4*>(buf.data);
+    targets.row_vecs[b] = buf.row_bytes / 16;
+    most_vecs = std::max(most_vecs, int64_t(count) * targets.row_vecs[b]);
+    ++b;
+  }
+  const int64_t blocks = std::min<int64_t>((most_vecs + kThreads - 1) / kThreads, 1024);
+  zero_rows_past_end_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(b)), kThreads, 0, stream>>>(
+      end_row, targets, rows, count);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
 }

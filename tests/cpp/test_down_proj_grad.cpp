@@ -36,12 +36,16 @@ TEST(ZeroRowsPastEnd, rejects_null_pointers_and_partial_vectors_before_any_launc
   alignas(16) static char buf[64];
   const int32_t* end_row = reinterpret_cast<const int32_t*>(buf);
   using sonicmoe::run_zero_rows_past_end;
-  EXPECT_TRUE(run_zero_rows_past_end(nullptr, nullptr, 0, 32, 64, nullptr).ok());  // no rows: nothing to do
-  EXPECT_NE(run_zero_rows_past_end(nullptr, buf, 10, 32, 64, nullptr).message.find("must be non-null"),
-            std::string::npos);
-  EXPECT_NE(run_zero_rows_past_end(end_row, buf, 10, 24, 64, nullptr).message.find("whole 16-byte vectors"),
-            std::string::npos);
-  EXPECT_NE(run_zero_rows_past_end(end_row, buf + 8, 10, 32, 64, nullptr).message.find("16-byte aligned"),
+  auto message = [&](const int32_t* end, void* data, int64_t row_bytes) {
+    return run_zero_rows_past_end(end, 10, 64, {{buf, 32}, {data, row_bytes}}, nullptr).message;
+  };
+  EXPECT_TRUE(run_zero_rows_past_end(nullptr, 0, 64, {{nullptr, 32}}, nullptr).ok());  // no rows: nothing to do
+  EXPECT_NE(message(nullptr, buf, 32).find("must be non-null"), std::string::npos);
+  EXPECT_NE(message(end_row, nullptr, 32).find("must be non-null"), std::string::npos);
+  EXPECT_NE(message(end_row, buf, 24).find("whole 16-byte vectors"), std::string::npos);
+  EXPECT_NE(message(end_row, buf + 8, 32).find("16-byte aligned"), std::string::npos);
+  EXPECT_NE(run_zero_rows_past_end(end_row, 10, 64, {{buf, 32}, {buf, 32}, {buf, 32}}, nullptr).message.find(
+                "3 buffers breaks the rule: at most 2 per launch"),
             std::string::npos);
 }
 
