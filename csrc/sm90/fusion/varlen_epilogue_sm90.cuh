@@ -23,11 +23,22 @@
 
 namespace sonicmoe::sm90 {
 
-// sigmoid by __fdividef: one MUFU.RCP and a multiply. The IEEE division compiled to a reciprocal
-// with a checked slow path (a BSSY region and a CALL per element), and ncu found K4's dSwiGLU
-// epilogue issue- and latency-bound (docs/perf-notes.md, session 7). For x < -87 the sum
-// overflows and the result is 0 (the true value is below 1e-37).
-__device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+// tanh by one MUFU.TANH (max relative error ~2^-11, below the bf16 rounding of every result it
+// feeds). sigmoid(x) = (1 + tanh(x / 2)) / 2 takes one MUFU where exp and a reciprocal
+// (__fdividef) took two: the SwiGLU epilogues (K1, K4) do not overlap the MMAs, and K4 on its
+// cooperative tiles ran 1-7% faster for it, level on ping-pong (docs/perf-notes.md, session 20).
+// tanh saturates to +-1, so silu is exactly 0 for large negative inputs.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// silu(x) = x sigmoid(x) = h + h tanh(h), h = x / 2.
+__device__ __forceinline__ float fast_silu(float x) {
+  const float half = 0.5f * x;
+  return fmaf(half, tanh_approx(half), half);
+}
 
 // Two floats as a bf16 pair in one register (the lower column in the low half).
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -379,7 +390,7 @@ struct SwiGLUEpilogue {
             const float u1 = accum(make_coord(make_coord(1, v1, q0 + b + kGroups), h, 0));
             gate4[b] = pack_bf16x2(g0, g1);
             up4[b] = pack_bf16x2(u0, u1);
-            act4[b] = pack_bf16x2(g0 * fast_sigmoid(g0) * u0, g1 * fast_sigmoid(g1) * u1);
+            act4[b] = pack_bf16x2(fast_silu(g0) * u0, fast_silu(g1) * u1);
           }
           const int col = col0 + quad_chunk_col(coords, v1, q0, h);  // gate columns
           const bool ok = r < t.rows && col < p.n;
@@ -435,7 +446,7 @@ struct SwiGLUEpilogue {
           for (int v0 = 0; v0 < 2; ++v0) {
             const float gate = accum(make_coord(make_coord(v0, v1, j), h, 0));
             const float up = accum(make_coord(make_coord(v0, v1, j + kGroups), h, 0));
-            act[v0] = gate * fast_sigmoid(gate) * up;
+            act[v0] = fast_silu(gate) * up;
           }
           const auto rc = coords(make_coord(make_coord(0, v1, j), h, 0));
           const int r = get<0>(rc) - half_row;
@@ -478,12 +489,17 @@ __device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1,
     for (int v0 = 0; v0 < 2; ++v0) {
       const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
       const float d_a_prime = accum(make_coord(make_coord(v0, v1, j0 + b), m, 0));
-      const float sig = fast_sigmoid(gate);
-      const float silu = gate * sig;
+      // sigmoid(g) = (1 + tanh(g / 2)) / 2: one MUFU where exp and a reciprocal take two, and
+      // silu' = sig + silu * (1 - sig) in three FMAs.
+      const float half = 0.5f * gate;
+      const float t = tanh_approx(half);
+      const float sig = fmaf(0.5f, t, 0.5f);
+      const float silu = fmaf(half, t, half);
+      const float d_silu = fmaf(silu, fmaf(-0.5f, t, 0.5f), sig);
       const float a = silu * up;
       d_score = fmaf(d_a_prime, a, d_score);
       const float d_a = score * d_a_prime;
-      dg[v0] = d_a * up * sig * (1.0f + gate * (1.0f - sig));
+      dg[v0] = d_a * up * d_silu;
       du[v0] = d_a * silu;
       as[v0] = score * a;
     }
