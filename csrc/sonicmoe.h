@@ -109,7 +109,8 @@ struct UpProjParams {
   const void* w1 = nullptr;                 // (num_experts, 2n, d)
   const int32_t* expert_offsets = nullptr;  // (num_experts + 1), device
   const int32_t* gather_idx = nullptr;      // (m_total), sorted row -> token, device
-  void* h = nullptr;                        // (m_total, 2n), or nullptr to not keep H
+  // (m_total, 2n) in H's column order (common/h_column_order.h), or nullptr to not keep H
+  void* h = nullptr;
   void* a = nullptr;                        // (m_total, n)
   int64_t num_tokens = 0;
   int64_t m_total = 0;
@@ -138,7 +139,7 @@ Status run_up_proj(const UpProjParams& params);
 struct DownProjGradParams {
   const void* d_out = nullptr;              // (num_tokens, d) bf16
   const void* w2 = nullptr;                 // (num_experts, d, n) bf16
-  const void* h = nullptr;                  // (m_total, 2n) bf16, kept by the up-projection
+  const void* h = nullptr;                  // (m_total, 2n) bf16, kept by the up-projection (in its column order)
   const float* row_score = nullptr;         // (m_total) fp32
   const int32_t* expert_offsets = nullptr;  // (num_experts + 1)
   const int32_t* gather_idx = nullptr;      // (m_total)

@@ -8,7 +8,8 @@ sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
 
 from . import reference
 from ._ops import (GEMM_TILE_CONFIGS, combine, combine_csr, device_routing_metadata, down_proj_grad,
-                   extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj, weight_grad)
+                   extension_available, grouped_gemm, grouped_gemm_kn, h_column_order, router_topk, up_proj,
+                   weight_grad)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -24,6 +25,7 @@ __all__ = [
     "extension_available",
     "grouped_gemm",
     "grouped_gemm_kn",
+    "h_column_order",
     "moe",
     "moe_routed",
     "reference",

@@ -72,7 +72,8 @@ def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tens
 def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config="auto"):
     """K4: gradient through the down-projection and SwiGLU from H (sonicmoe.h, DownProjGradParams).
 
-    Returns d_h (M, 2n) bf16, a_scaled = s * A (M, n) bf16 and d_score_partial (M, ceil(n/128))
+    h is up_proj's, in the kernels' column order (h_column_order). Returns d_h (M, 2n) bf16 in
+    column order, a_scaled = s * A (M, n) bf16 and d_score_partial (M, ceil(n/128))
     fp32, whose row sums are dS = <dA', A>. partial_rows as in grouped_gemm (rows past
     expert_offsets[E] are not written, but for the first 64 of d_h and a_scaled, which are zeros:
     weight_grad's cooperative tiles read them); tile_config "auto" or a varlen configuration, as
@@ -133,16 +134,35 @@ def up_proj(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K1: up-projection with SwiGLU, the x rows gathered inside the GEMM.
 
-    For sorted row r of expert e: h[r] = w1[e] @ x[gather_idx[r]] (2n: gate, up) and
-    a[r] = silu(h[r, :n]) * h[r, n:] from the fp32 accumulators. x: (T, d) bf16;
+    For sorted row r of expert e: H[r] = w1[e] @ x[gather_idx[r]] (2n: gate, up) and
+    a[r] = silu(H[r, :n]) * H[r, n:] from the fp32 accumulators. x: (T, d) bf16;
     w1: (E, 2n, d) bf16 (public layout); expert_offsets: (E+1,) int32; gather_idx: (M,) int32,
-    both from routing_metadata. Returns (h (M, 2n), a (M, n)), bf16; h has 0 rows when
+    both from routing_metadata. Returns (h (M, 2n), a (M, n)), bf16: h is H in the kernels'
+    column order, which down_proj_grad reads (h_column_order(h) is H); h has 0 rows when
     keep_h is False (inference: H is only kept for backward). tile_config: "auto" or one of the
     varlen kernel's configurations ("varlen_*" in GEMM_TILE_CONFIGS; same results).
     """
     _require_extension()
     return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows,
                                       _tile_config_number(tile_config))
+
+
+# H's column blocks (csrc/common/h_column_order.h, kHBlockCols / h_position).
+H_BLOCK_COLS = 32
+
+
+def h_column_order(h: torch.Tensor) -> torch.Tensor:
+    """up_proj's h (M, 2n) as H = [gate | up] in column order. The kernels keep each whole
+    32-column block of either half in the WGMMA accumulators' order (16-byte chunk l holds the
+    block's columns 8 b + 2 l + v at position 2 b + v; csrc/common/h_column_order.h), so K1
+    stores and K4 loads it without shuffles; a trailing partial block is in column order. The map
+    is its own inverse: h_column_order also turns H into the kernels' order."""
+    m, two_n = h.shape
+    n = two_n // 2
+    whole = n // H_BLOCK_COLS * H_BLOCK_COLS
+    halves = h.reshape(m, 2, n)
+    blocks = halves[:, :, :whole].reshape(m, 2, whole // H_BLOCK_COLS, 4, 4, 2).transpose(3, 4)
+    return torch.cat([blocks.reshape(m, 2, whole), halves[:, :, whole:]], dim=2).reshape(m, two_n)
 
 
 # Routing modes of the router kernel (csrc/sonicmoe.h, RouterMode).

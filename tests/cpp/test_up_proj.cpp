@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/h_column_order.h"
 #include "common/tile_size.h"
 #include "sm90/heuristics.h"
 #include "sonicmoe.h"
@@ -165,8 +166,9 @@ void run_case(const UpProjCase& c, uint32_t seed, GemmTileConfig config) {
         a_err2 += (got - act) * (got - act);
         a_ref2 += act * act;
       }
-      for (int j = 0; j < 2 * c.n && c.keep_h; ++j) {
-        const float got = from_bf16(h[int64_t(r) * 2 * c.n + j]);
+      for (int j = 0; j < 2 * c.n && c.keep_h; ++j) {  // H in its column order (common/h_column_order.h)
+        const int64_t pos = j < c.n ? sonicmoe::h_position(j, c.n) : c.n + sonicmoe::h_position(j - c.n, c.n);
+        const float got = from_bf16(h[int64_t(r) * 2 * c.n + pos]);
         ASSERT_TRUE(std::isfinite(got)) << "unwritten or non-finite h at row " << r << " col " << j;
         h_err2 += (got - row[j]) * (got - row[j]);
         h_ref2 += row[j] * row[j];

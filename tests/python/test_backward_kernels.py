@@ -66,7 +66,7 @@ def check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows=0):
                                                      partial_rows=tail_rows > 0, tile_config=tile_config)
     d_h, a_scaled, ds_part = d_h[:valid], a_scaled[:valid], ds_part[:valid]
     # fp32 spec from the same H
-    hf = h.float()
+    hf = sonicmoe.h_column_order(h).float()
     gate, up = hf[:, :n], hf[:, n:]
     a = F.silu(gate) * up
     d_out_rows = d_out.float()[meta.gather_idx.long()]

@@ -55,7 +55,7 @@ def check(x, w1, offs, gather_idx, keep_h=True, tile_config="auto"):
         assert rel_err(a, a_ref) <= 1e-2
     if keep_h and m:
         assert torch.isfinite(h).all(), "NaN/Inf or unwritten rows in h"
-        assert rel_err(h, h_ref) <= 1e-2
+        assert rel_err(sonicmoe.h_column_order(h), h_ref) <= 1e-2
 
 
 # Every varlen configuration: ping-pong 128 x 128 (H and A staged through shared memory),
@@ -142,7 +142,7 @@ def test_cuda_graph_capture_with_new_routing():
     graph.replay()
     torch.cuda.synchronize()
     h_ref, a_ref = reference(x, w1, offs, gather_idx)
-    assert rel_err(h, h_ref) <= 1e-2 and rel_err(a, a_ref) <= 1e-2
+    assert rel_err(sonicmoe.h_column_order(h), h_ref) <= 1e-2 and rel_err(a, a_ref) <= 1e-2
 
 
 def test_device_errors_on_gpu():

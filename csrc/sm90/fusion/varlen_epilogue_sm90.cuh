@@ -19,6 +19,7 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/bfloat16.h"
 
+#include "common/h_column_order.h"
 #include "sm90/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
@@ -99,6 +100,14 @@ __device__ __forceinline__ int quad_chunk_col(const Coords& coords, int v1, int 
          8 * quad_lane;
 }
 
+// Whether the 32-column block of H holding this lane's chunk at half column `col` (from
+// quad_chunk_col) is whole, and so in fragment order (common/h_column_order.h): there the lane's
+// own four column pairs are its chunk, and no quad transpose is needed. The same for the whole
+// warp (its lanes share the columns).
+__device__ __forceinline__ bool h_block_in_fragment_order(int col, int n) {
+  return col - 8 * int(threadIdx.x % 4) + kHBlockCols <= n;
+}
+
 // How a bf16 result tile leaves registers. kStaged: through the warpgroup's shared-memory tile,
 // two named barriers per window, then 16-byte row chunks. kQuadTranspose: the bf16 pairs of 4
 // consecutive column groups are transposed across the quad and each lane stores one group's 8
@@ -141,15 +150,16 @@ struct EpilogueTile {
   // (tile columns [128 w, 128 w + 128)) into smem, column pairs at a time. The accumulator's
   // mode 0 is (2, 2, kTileN / 8): value i sits in column 8 (i / 4) + ..., so a window is the
   // contiguous value range [kWindowCols w / 2, kWindowCols (w + 1) / 2).
-  template <int w, class Accumulator, class Coords>
+  // col_map(tile column) gives the tile column the value is stored at (H's column order).
+  template <int w, class Accumulator, class Coords, class ColMap = cute::identity>
   static __device__ void write_half(Element* smem, const Accumulator& accum, const Coords& coords, int h,
-                                    int row) {
+                                    int row, ColMap col_map = {}) {
     static_assert(decltype(cute::size<0, 2>(accum))::value == kTileN / 8, "accumulator layout");
     CUTLASS_PRAGMA_UNROLL
     for (int i = kWindowCols * w / 2; i < kWindowCols * (w + 1) / 2; i += 2) {
       const auto rc = coords(i, h, 0);
       const int r = cute::get<0>(rc) - row;
-      *reinterpret_cast<__nv_bfloat162*>(smem + r * kPitch + cute::get<1>(rc) - kWindowCols * w) =
+      *reinterpret_cast<__nv_bfloat162*>(smem + r * kPitch + col_map(cute::get<1>(rc)) - kWindowCols * w) =
           __floats2bfloat162_rn(accum(i, h, 0), accum(i + 1, h, 0));
     }
   }
@@ -322,8 +332,8 @@ struct TransposedStoreEpilogue {
 // K1: the tile's N columns are kTileN / 2 gate columns (w1 rows of the gate half, from
 // n_block * kTileN / 2) and the matching up columns (w1 rows n + ...), so both halves of SwiGLU
 // meet in one thread.
-// Stores H = [gate | up] (m_total, 2n) when kept for backward, and A = silu(gate) * up
-// (m_total, n), computed from the fp32 accumulators.
+// Stores H = [gate | up] (m_total, 2n; in H's column order, common/h_column_order.h) when kept
+// for backward, and A = silu(gate) * up (m_total, n), computed from the fp32 accumulators.
 template <int kTileM, int kTileN, TileStore kStore>
 struct SwiGLUEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
@@ -397,8 +407,10 @@ struct SwiGLUEpilogue {
           quad_transpose(act4);
           if (ok) store_16B(p.a + row * p.n + col, act4);
           if (p.h != nullptr) {
-            quad_transpose(gate4);
-            quad_transpose(up4);
+            if (!h_block_in_fragment_order(col, p.n)) {  // a trailing partial block: column order
+              quad_transpose(gate4);
+              quad_transpose(up4);
+            }
             if (ok) {
               store_16B(p.h + row * h_pitch + col, gate4);
               store_16B(p.h + row * h_pitch + p.n + col, up4);
@@ -427,7 +439,11 @@ struct SwiGLUEpilogue {
       if (p.h != nullptr) {
         cute::for_each(cute::make_int_sequence<Tile::kWindows>{}, [&](auto window) {
           constexpr int w = decltype(window)::value;
-          Tile::template write_half<w>(smem, accum, coords, h, half_row);
+          // H's column order: a column moves within its 32-column block (common/h_column_order.h).
+          Tile::template write_half<w>(smem, accum, coords, h, half_row, [&](int tile_col) {
+            const int col = col0 + tile_col % kHalf;
+            return tile_col - col + int(h_position(col, p.n));
+          });
           Tile::sync(barrier_id);
           Tile::template store_rows<Tile::kWindowCols>(smem, rows, thread_idx, [&](int r, int chunk) -> Element* {
             const int tile_col = w * Tile::kWindowCols + chunk * 8;  // gate columns, then up
@@ -467,13 +483,15 @@ struct SwiGLUEpilogue {
 // over kTileN (128 or 256) of the n columns; with H (kept by K1) and the row's score s:
 //   A = silu(gate) * up, dA = s * dA',
 //   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
-// H arrives in registers as 16-byte chunks, transposed across each quad into the accumulator's
-// layout; dH and A' leave the same way in reverse (TileStore::kQuadTranspose; staging them
-// through shared memory measured slower: docs/perf-notes.md, session 9). The dS partial of each
-// row and 128-column slot (kSlotCols) goes to its own place, summed over the slots in a fixed
-// order later (deterministic, no atomics).
+// H arrives in registers as 16-byte chunks already in the accumulator's layout (H's column
+// order, common/h_column_order.h; a trailing partial block is transposed across the quad); dH
+// and A' leave in column order, transposed across each quad into 16-byte chunks
+// (TileStore::kQuadTranspose; staging them through shared memory measured slower:
+// docs/perf-notes.md, session 9). The dS partial of each row and 128-column slot (kSlotCols)
+// goes to its own place, summed over the slots in a fixed order later (deterministic, no
+// atomics).
 // K4's math for the 4 column groups j0 .. j0 + 3 of accumulator row (v1, m): g4 / u4 hold H's gate
-// and up pairs in the accumulator's layout (after quad_transpose); returns dH's gate and up pairs
+// and up pairs in the accumulator's layout; returns dH's gate and up pairs
 // and A' = s * A, and adds the row's dS terms to d_score.
 template <class Accumulator>
 __device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1, int m, int j0, float score,
@@ -489,8 +507,7 @@ __device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1,
     for (int v0 = 0; v0 < 2; ++v0) {
       const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
       const float d_a_prime = accum(make_coord(make_coord(v0, v1, j0 + b), m, 0));
-      // sigmoid(g) = (1 + tanh(g / 2)) / 2: one MUFU where exp and a reciprocal take two, and
-      // silu' = sig + silu * (1 - sig) in three FMAs.
+      // From the one tanh (see tanh_approx): sig, silu and silu' = sig + silu (1 - sig) by FMAs.
       const float half = 0.5f * gate;
       const float t = tanh_approx(half);
       const float sig = fmaf(0.5f, t, 0.5f);
@@ -581,9 +598,9 @@ struct DSwiGLUEpilogue : DSwiGLUColumns<kTileN> {
         static_assert(kPairs % kBatch == 0 && kSlotGroups % kBatch == 0, "batches within one slot");
         CUTLASS_PRAGMA_UNROLL
         for (int j0 = 0; j0 < kPairs; j0 += kBatch) {
-          // H as 16-byte chunks, the stores' transpose in reverse: lane l of a quad loads column
-          // group j0 + q0 + l (8 columns), and the transpose leaves each lane its 2 columns of
-          // each of the 4 groups, the accumulator's layout.
+          // H as 16-byte chunks: lane l of a quad loads chunk l of each 32-column block, its own
+          // 2 columns of each of the 4 groups in H's column order (a partial block, in column
+          // order, is transposed to that).
           uint32_t g4[kBatch / 4][4], u4[kBatch / 4][4];
           CUTLASS_PRAGMA_UNROLL
           for (int q = 0; q < kBatch / 4; ++q) {
@@ -594,6 +611,7 @@ struct DSwiGLUEpilogue : DSwiGLUColumns<kTileN> {
           }
           CUTLASS_PRAGMA_UNROLL
           for (int q = 0; q < kBatch / 4; ++q) {
+            if (h_block_in_fragment_order(col0 + quad_chunk_col(coords, v1, j0 + 4 * q, m), p.n)) continue;
             quad_transpose(g4[q]);
             quad_transpose(u4[q]);
           }
@@ -725,8 +743,10 @@ struct DSwiGLUSmemSourceEpilogue : DSwiGLUColumns<kTileN> {
           uint32_t g4[4], u4[4];
           load_shared_16B(g4, gate_base + offset);
           load_shared_16B(u4, up_base + offset);
-          quad_transpose(g4);
-          quad_transpose(u4);
+          if (!h_block_in_fragment_order(col, p.n)) {
+            quad_transpose(g4);
+            quad_transpose(u4);
+          }
           uint32_t dg4[4], du4[4], as4[4];
           dswiglu_groups(accum, v1, 0, j0, score[v1], g4, u4, dg4, du4, as4, d_score[v1]);
           quad_transpose(dg4);
