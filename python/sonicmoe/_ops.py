@@ -157,6 +157,8 @@ def h_column_order(h: torch.Tensor) -> torch.Tensor:
     block's columns 8 b + 2 l + v at position 2 b + v; csrc/common/h_column_order.h), so K1
     stores and K4 loads it without shuffles; a trailing partial block is in column order. The map
     is its own inverse: h_column_order also turns H into the kernels' order."""
+    if h.dim() != 2 or h.shape[1] % 2 != 0:
+        raise ValueError(f"h_column_order: h.shape = {list(h.shape)} breaks the rule: must be 2-D (M, 2n)")
     m, two_n = h.shape
     n = two_n // 2
     whole = n // H_BLOCK_COLS * H_BLOCK_COLS

@@ -31,3 +31,9 @@ def test_h_column_order_undoes_the_kernels_order(n):
 
 def test_h_column_order_of_no_rows():
     assert sonicmoe.h_column_order(torch.empty(0, 128)).shape == (0, 128)
+
+
+@pytest.mark.parametrize("shape", [(4, 7), (128,), (2, 3, 4)])
+def test_h_column_order_rejects_what_is_not_m_by_2n(shape):
+    with pytest.raises(ValueError, match=r"h_column_order: h.shape = \[.*\] breaks the rule: must be 2-D \(M, 2n\)"):
+        sonicmoe.h_column_order(torch.empty(shape))
