@@ -10,7 +10,7 @@
 namespace sonicmoe {
 
 // "op: name = value breaks the rule: rule" (the torch layer uses the same wording).
-inline std::string rule_message(const char* op, const char* name, int64_t value, const char* rule) {
+inline std::string rule_message(const char* op, const char* name, int64_t value, const std::string& rule) {
   return std::string(op) + ": " + name + " = " + std::to_string(value) + " breaks the rule: " + rule;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/host_rules.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -36,8 +37,8 @@ Status run_zero_rows_past_end(const int32_t* end_row, int64_t rows, int count,
                               std::initializer_list<RowMajorBuffer> buffers, cudaStream_t stream) {
   if (rows == 0 || count <= 0 || buffers.size() == 0) return Status::success();
   if (buffers.size() > kMaxBuffersZeroedPastEnd)
-    return Status::error("zero_rows_past_end: " + std::to_string(buffers.size()) + " buffers breaks the rule: at most " +
-                         std::to_string(kMaxBuffersZeroedPastEnd) + " per launch");
+    return Status::error(rule_message("zero_rows_past_end", "buffers", static_cast<int64_t>(buffers.size()),
+                                      "must be at most " + std::to_string(kMaxBuffersZeroedPastEnd) + " per launch"));
   ZeroTargets targets{};
   int64_t most_vecs = 0;
   int b = 0;

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
+#include "common/host_rules.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -368,17 +369,14 @@ Status launch_rounding_probs(const RoundingProbsParams& p, const Logit* logits) 
 }
 
 // R's limits, shared by router_topk and rounding_probs (op names the one in the message).
-std::string router_rule(const char* op, const char* name, int64_t v, const std::string& r) {
-  return std::string(op) + ": " + name + " = " + std::to_string(v) + " breaks the rule: " + r;
-}
 std::string check_router_shape(const char* op, int64_t num_tokens, int num_experts, int top_k) {
   if (num_tokens < 0 || num_tokens > INT32_MAX)
-    return router_rule(op, "num_tokens", num_tokens, "must be in [0, 2^31 - 1]");
+    return rule_message(op, "num_tokens", num_tokens, "must be in [0, 2^31 - 1]");
   if (num_experts < 1 || num_experts > kMaxRouterExperts)
-    return router_rule(op, "num_experts", num_experts,
-                       "must be in [1, " + std::to_string(kMaxRouterExperts) + "] (one warp holds a token's logits)");
+    return rule_message(op, "num_experts", num_experts,
+                        "must be in [1, " + std::to_string(kMaxRouterExperts) + "] (one warp holds a token's logits)");
   if (top_k < 1 || top_k > num_experts || top_k > kMaxRouterTopK)
-    return router_rule(op, "top_k", top_k, "must be in [1, min(num_experts, " + std::to_string(kMaxRouterTopK) + ")]");
+    return rule_message(op, "top_k", top_k, "must be in [1, min(num_experts, " + std::to_string(kMaxRouterTopK) + ")]");
   return {};
 }
 
@@ -387,7 +385,8 @@ std::string check_router_shape(const char* op, int64_t num_tokens, int num_exper
 std::string check_router_topk(const RouterTopkParams& p) {
   std::string problem = check_router_shape("router_topk", p.num_tokens, p.num_experts, p.top_k);
   if (!problem.empty()) return problem;
-  if (p.mode < 0 || p.mode > 2) return router_rule("router_topk", "mode", p.mode, "must name a RouterMode (0, 1 or 2)");
+  if (p.mode < 0 || p.mode > 2)
+    return rule_message("router_topk", "mode", p.mode, "must name a RouterMode (0, 1 or 2)");
   return {};
 }
 
@@ -417,7 +416,7 @@ Status run_rounding_probs(const RoundingProbsParams& p) {
 
 std::string check_sorted_layout(const SortedLayoutParams& p) {
   auto rule = [](const char* name, int64_t v, const std::string& r) {
-    return std::string("routing_metadata: ") + name + " = " + std::to_string(v) + " breaks the rule: " + r;
+    return rule_message("routing_metadata", name, v, r);
   };
   if (p.num_experts < 1 || p.num_experts > kMaxRouterExperts)
     return rule("num_experts", p.num_experts, "must be in [1, " + std::to_string(kMaxRouterExperts) + "]");

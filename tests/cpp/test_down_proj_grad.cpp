@@ -45,7 +45,7 @@ TEST(ZeroRowsPastEnd, rejects_null_pointers_and_partial_vectors_before_any_launc
   EXPECT_NE(message(end_row, buf, 24).find("whole 16-byte vectors"), std::string::npos);
   EXPECT_NE(message(end_row, buf + 8, 32).find("16-byte aligned"), std::string::npos);
   EXPECT_NE(run_zero_rows_past_end(end_row, 10, 64, {{buf, 32}, {buf, 32}, {buf, 32}}, nullptr).message.find(
-                "3 buffers breaks the rule: at most 2 per launch"),
+                "zero_rows_past_end: buffers = 3 breaks the rule: must be at most 2 per launch"),
             std::string::npos);
 }
 
