@@ -15,7 +15,10 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
 Prints tables; writes JSON and a PNG plot to --out. With --profile, forward_kernels and
 backward_kernels run each part once after two warm-up calls, between cudaProfilerStart and
 cudaProfilerStop, for a profiler started with collection off (scripts/ncu_parts.sh); their
-tables then show that one call's time.
+tables then show that one call's time. With --energy they also read the card's mean power while
+each part runs back to back and its energy per call (NVML's energy counter): at the H200's power
+cap a training step is energy-bound (docs/perf-notes.md, session 14), so a kernel change pays in
+the layer by the energy it saves per call more than by its time alone.
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
 """
@@ -27,6 +30,7 @@ import json
 import pathlib
 import statistics
 import sys
+import time
 
 import torch
 
@@ -369,17 +373,83 @@ def profile_one_call(fns):
     return ms
 
 
+# --energy: the per-kernel tables also read each part's power and energy per call (mean_power_w).
+MEASURE_ENERGY = False
+
+
+def _energy_counter():
+    """A reader of the card's energy counter in mJ (NVML, through torch.cuda's binding)."""
+    try:
+        import pynvml
+        handle = torch.cuda._get_pynvml_handler()
+    except Exception as exc:  # noqa: BLE001: any failure means no counter
+        sys.exit(f"bench.py --energy needs NVML (pynvml) for the card's energy counter: {exc}")
+    return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+
+
+def mean_power_w(fn, ms_per_call, read, seconds=0.6, settle=0.2, give_up=10.0):
+    """The card's mean power (W) while fn runs back to back. Calls are queued in chunks of about
+    2 ms of GPU work, the host staying two chunks ahead (so the GPU never idles and the queue
+    drains at once at the end), and the energy counter is read after each chunk: it moves in
+    steps, tens of ms apart on some cards. The window runs from the first step seen `settle` s in
+    to the first one `seconds` later, so neither the ramp-up nor the tail is in it. NaN if the
+    counter does not move."""
+    chunk = max(1, int(2.0 / ms_per_call))
+    torch.cuda.synchronize()
+    t_start = time.perf_counter()
+    last, window, queued = read(), None, []
+    while True:
+        for _ in range(chunk):
+            fn()
+        queued.append(torch.cuda.Event())
+        queued[-1].record()
+        if len(queued) > 2:
+            queued.pop(0).synchronize()
+        now, value = time.perf_counter(), read()
+        if now - t_start > give_up:
+            torch.cuda.synchronize()
+            return float("nan")
+        if value == last:
+            continue
+        last = value
+        if window is None:
+            if now - t_start >= settle:
+                window = (value, now)
+        elif now - window[1] >= seconds:
+            break
+    torch.cuda.synchronize()
+    return (value - window[0]) / 1e3 / (now - window[1])
+
+
+def energy_interleaved(fns, ms, rounds=3):
+    """Median mean power (W) of each fn over rounds that take turns as time_interleaved's do;
+    ms: each fn's time per call (to size the windows)."""
+    read = _energy_counter()
+    names = list(fns)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(mean_power_w(fns[name], ms[name], read))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def time_kernels(name, fns, parts=None):
     """One row of per-kernel times: fns maps a name to (callable, FLOPs per call); only the names
-    in parts when given."""
+    in parts when given. With --energy also each part's power (W) and energy per call (mJ, the
+    power times the call's time)."""
     if parts:
         fns = {k: v for k, v in fns.items() if k in parts}
     callables = {k: fn for k, (fn, _) in fns.items()}
     ms = profile_one_call(callables) if PROFILE_ONE_CALL else time_interleaved(callables, rounds=3, iters=10)
+    watts = energy_interleaved(callables, ms) if MEASURE_ENERGY and not PROFILE_ONE_CALL else {}
     row = {"config": name}
     for k, (_, flops) in fns.items():
         row[f"{k}_us"] = ms[k] * 1e3
         row[f"{k}_tflops"] = flops / ms[k] / 1e9
+        if k in watts:
+            row[f"{k}_W"] = watts[k]
+            row[f"{k}_mJ"] = watts[k] * ms[k]
+            row[f"{k}_pJ_per_flop"] = watts[k] * ms[k] * 1e9 / flops
     return row
 
 
@@ -545,9 +615,12 @@ def main():
                         "columns to time (e.g. K4_down_proj_grad,K6_grouped_gemm_kn; default all)")
     parser.add_argument("--profile", action="store_true", help="forward_kernels / backward_kernels: run each "
                         "part once inside cudaProfilerStart / Stop instead of timing it (scripts/ncu_parts.sh)")
+    parser.add_argument("--energy", action="store_true", help="forward_kernels / backward_kernels: also the "
+                        "card's mean power while each part runs back to back and its energy per call (NVML)")
     args = parser.parse_args()
-    global PROFILE_ONE_CALL
+    global PROFILE_ONE_CALL, MEASURE_ENERGY
     PROFILE_ONE_CALL = args.profile
+    MEASURE_ENERGY = args.energy
     parts = {p for p in args.parts.split(",") if p}
     known = {p for _, columns, _ in KERNEL_TABLES.values() for p in columns}
     if parts - known:
@@ -620,6 +693,12 @@ def main():
         for r in kernel_rows:
             print(f"{r['config']:<18}" + "".join(f"{r[p + '_us']:>10.0f} {r[p + '_tflops']:>6.1f} TF" for p in columns))
         print(f"(us and TFLOP/s per call; {note})\n")
+        if MEASURE_ENERGY and not PROFILE_ONE_CALL:
+            print(f"{'config':<18}" + "".join(f"{p:>20}" for p in columns))
+            for r in kernel_rows:
+                print(f"{r['config']:<18}" + "".join(f"{r[p + '_W']:>7.0f} W {r[p + '_pJ_per_flop']:>6.3f} pJ" for p in columns))
+            print("(the card's mean power while each part runs back to back, and the energy per call over its "
+                  "FLOPs, pJ per FLOP; NaN: the energy counter did not move)\n")
     if "moe_backward" in ops:
         bwd_rows = per_config(names, lambda name: bench_moe_backward(name, configs[name], anchors["rows"]),
                               out / "moe_backward.json")
