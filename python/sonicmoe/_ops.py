@@ -32,6 +32,18 @@ def extension_available() -> bool:
     return _C is not None
 
 
+# The device types whose tensors the ops run on: CUDA. The CPU tests of the Python layer add "cpu"
+# while an emulation of every op is registered for CPU tensors (tests/python/kernel_emulation.py),
+# so a machine without a GPU runs the layer's kernel path: its autograd Functions, the metadata
+# they pass between ops, the fakes under torch.compile.
+KERNEL_DEVICE_TYPES = {"cuda"}
+
+
+def on_kernels(t: torch.Tensor) -> bool:
+    """Whether the ops run on tensors like t: the extension is built and t is on a kernel device."""
+    return _C is not None and t.device.type in KERNEL_DEVICE_TYPES
+
+
 def _require_extension() -> None:
     if _C is None:
         raise RuntimeError(

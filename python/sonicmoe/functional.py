@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
+from . import _ops
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
-                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, router_topk, up_proj,
-                   weight_grad)
+                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_topk,
+                   up_proj, weight_grad)
 from .routing import (dense_routing_metadata_expert_major, dense_row_bound, scores_from_logits,
                       token_rounding_expert_major)
 
@@ -42,9 +43,9 @@ def _check_one_device(names, *tensors):
 
 def _kernel_path(x, w1, w2) -> bool:
     """True for the CUDA kernels, False for the CPU reference; raises where neither applies."""
-    if x.device.type == "cpu":
-        return False
-    if x.device.type != "cuda":
+    if x.device.type not in _ops.KERNEL_DEVICE_TYPES:
+        if x.device.type == "cpu":
+            return False
         raise ValueError(f"x.device = {x.device} breaks the rule: must be cuda or cpu")
     if not extension_available():
         raise RuntimeError("sonicmoe._C is not built; build it with `python setup.py build_ext --inplace`")
@@ -309,7 +310,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         raise ValueError(f"w2: expected shape (E, d, n) with (E, d) = {(E, d)}, got {_shape(w2)}")
     top_k = reference._check_top_k(top_k, E)
     if routing == "token_rounding":
-        if x.device.type == "cpu" or not _kernel_path(x, w1, w2):
+        if not _kernel_path(x, w1, w2):
             return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
         x2 = x.reshape(-1, d)
         probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x2, router_weight), top_k, tile, rule,
@@ -317,7 +318,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         keep_h = _grad_enabled_for(x2, w1, w2, probs)
         return _dense_experts(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h).reshape(x.shape)
     x2 = x.reshape(-1, d)
-    if x2.is_cuda and extension_available() and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K:
+    if on_kernels(x2) and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K:
         reference._check_expert_weights(x2, w1, w2)
         _check_one_device("x, router_weight, w1, w2", x2, router_weight, w1, w2)
         if _kernel_path(x2, w1, w2):

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, dense_layout, extension_available, rounding_probs,
-                   router_topk, token_rounding_assign)
+from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, dense_layout, on_kernels, rounding_probs, router_topk,
+                   token_rounding_assign)
 
 __all__ = [
     "DenseRoutingMetadata",
@@ -197,7 +197,7 @@ class _RoundingProbs(torch.autograd.Function):
 
 def _on_routing_kernels(logits, num_experts, top_k) -> bool:
     """CUDA logits that R's kernels take (router_topk, token_rounding_assign, dense_layout)."""
-    return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16) and extension_available()
+    return (on_kernels(logits) and logits.dtype in (torch.float32, torch.bfloat16)
             and num_experts <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K)
 
 
@@ -291,10 +291,18 @@ def dense_routing_metadata_expert_major(scores_t: torch.Tensor, assigned_t: torc
                                         row_bound: int) -> DenseRoutingMetadata:
     """dense_routing_metadata from expert-major (E, T) scores and assignment (the kernels' layout,
     so no transpose is made when they are contiguous)."""
-    E, T = assigned_t.shape
-    if assigned_t.is_cuda and extension_available() and E <= ROUTER_MAX_EXPERTS:  # token_rounding.cu
+    E = assigned_t.shape[0]
+    if on_kernels(assigned_t) and E <= ROUTER_MAX_EXPERTS:  # token_rounding.cu
         return DenseRoutingMetadata(*dense_layout(assigned_t.contiguous(),
                                                   scores_t.detach().float().contiguous(), row_bound))
+    return dense_routing_metadata_by_torch(scores_t, assigned_t, row_bound)
+
+
+def dense_routing_metadata_by_torch(scores_t: torch.Tensor, assigned_t: torch.Tensor,
+                                    row_bound: int) -> DenseRoutingMetadata:
+    """dense_routing_metadata_expert_major in torch ops (no kernel): the CPU path, and what the
+    dense_layout kernels must match."""
+    E, T = assigned_t.shape
     assigned, scores = assigned_t.t(), scores_t.t()
     device = assigned.device
     ones = assigned.to(torch.int32)
