@@ -1,0 +1,158 @@
+"""An emulation of every sonicmoe op for CPU tensors, to run the Python layer's kernel path on a
+machine without a GPU (CI): the autograd Functions of sonicmoe.functional, the metadata they pass
+between ops, the dense (token rounding) buffers, the fakes under torch.compile.
+
+Each op follows its kernel's contract (csrc/sonicmoe.h, the docstrings of sonicmoe._ops), not
+its implementation: the same shapes and dtypes, H in the kernels' column order, the same fp32
+accumulation, and rows the kernel does not write (past expert_offsets[E] with partial_rows) as
+NaN, so a consumer that reads them shows it. What it cannot show is a kernel's own bug: the
+kernels are tested on the GPU.
+
+    with emulated_kernels():
+        out = sonicmoe.moe(x_cpu_bf16, ...)   # runs _MoELayer with these ops
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from sonicmoe import _ops, routing
+
+_NAN = float("nan")
+_ROUTER_MODE_NAMES = {v: k for k, v in _ops.ROUTER_MODES.items()}
+
+
+def _bounds(expert_offsets, m_total, partial_rows):
+    """The experts' row ranges, after the kernels' device-side check of the offsets."""
+    off = expert_offsets.tolist()
+    ok = off[0] == 0 and all(a <= b for a, b in zip(off, off[1:]))
+    ok = ok and (off[-1] <= m_total if partial_rows else off[-1] == m_total)
+    if not ok:  # the kernels trap on such offsets
+        raise RuntimeError(f"emulated kernel: bad expert_offsets {off} for {m_total} rows")
+    return list(zip(off[:-1], off[1:]))
+
+
+def _rows_by_expert(m_total, cols, expert_offsets, partial_rows, fn, dtype=torch.bfloat16):
+    """(m_total, cols) with rows [lo, hi) of expert e = fn(e, lo, hi) (fp32), NaN where unwritten."""
+    out = torch.full((m_total, cols), _NAN, dtype=dtype)
+    for e, (lo, hi) in enumerate(_bounds(expert_offsets, m_total, partial_rows)):
+        if hi > lo:
+            out[lo:hi] = fn(e, lo, hi).to(dtype)
+    return out
+
+
+def grouped_gemm(a, b, expert_offsets, tile_config=0, partial_rows=False):
+    return _rows_by_expert(a.shape[0], b.shape[1], expert_offsets, partial_rows,
+                           lambda e, lo, hi: a[lo:hi].float() @ b[e].float().t())
+
+
+def grouped_gemm_kn(a, b, expert_offsets, partial_rows=False, tile_config=0):
+    return _rows_by_expert(a.shape[0], b.shape[2], expert_offsets, partial_rows,
+                           lambda e, lo, hi: a[lo:hi].float() @ b[e].float())
+
+
+def up_proj(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False, tile_config=0):
+    m, n = gather_idx.shape[0], w1.shape[1] // 2
+    rows = gather_idx.long()
+    h = _rows_by_expert(m, 2 * n, expert_offsets, partial_rows,
+                        lambda e, lo, hi: x[rows[lo:hi]].float() @ w1[e].float().t(), dtype=torch.float32)
+    a = (F.silu(h[:, :n]) * h[:, n:]).bfloat16()  # from the fp32 accumulators, as K1
+    h = _ops.h_column_order(h.bfloat16()) if keep_h else h.new_empty((0, 2 * n), dtype=torch.bfloat16)
+    return h, a
+
+
+def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config=0):
+    m, n = gather_idx.shape[0], w2.shape[2]
+    rows = gather_idx.long()
+    d_a_prime = _rows_by_expert(m, n, expert_offsets, partial_rows,
+                                lambda e, lo, hi: d_out[rows[lo:hi]].float() @ w2[e].float(), dtype=torch.float32)
+    hc = _ops.h_column_order(h).float()
+    gate, up = hc[:, :n], hc[:, n:]
+    sig = torch.sigmoid(gate)
+    a = F.silu(gate) * up
+    d_a = row_score[:, None] * d_a_prime
+    d_h = torch.cat([d_a * up * sig * (1 + gate * (1 - sig)), d_a * F.silu(gate)], dim=1).bfloat16()
+    a_scaled = (row_score[:, None] * a).bfloat16()
+    slots = (n + 127) // 128
+    d_score_partial = F.pad(d_a_prime * a, (0, slots * 128 - n)).view(m, slots, 128).sum(-1)
+    if partial_rows:  # past offsets[E]: not written, but for the first 64 rows of d_h and A' (zeros)
+        end = int(expert_offsets[-1])
+        d_h[end:end + 64] = 0
+        a_scaled[end:end + 64] = 0
+    return d_h, a_scaled, d_score_partial
+
+
+def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0):
+    rows = gather_idx.long()
+    m_total = gather_idx.shape[0]
+    out = torch.zeros(expert_offsets.shape[0] - 1, a.shape[1], b.shape[1])
+    for e, (lo, hi) in enumerate(_bounds(expert_offsets, m_total, partial_rows)):
+        a_rows = a[rows[lo:hi]] if gather_a else a[lo:hi]
+        b_rows = b[lo:hi] if gather_a else b[rows[lo:hi]]
+        out[e] = a_rows.float().t() @ b_rows.float()
+    return out.bfloat16()
+
+
+def router_topk(logits, top_k, mode):
+    scores, experts = routing.scores_from_logits(logits.float(), top_k, _ROUTER_MODE_NAMES[mode])
+    return scores.float(), experts.int()
+
+
+def rounding_probs(logits, top_k, write_probs):
+    probs = logits.float().softmax(dim=-1)
+    T, E = probs.shape
+    chosen = torch.zeros(T, E, dtype=torch.bool).scatter_(1, probs.topk(top_k, dim=-1).indices, True)
+    return (probs if write_probs else probs.new_empty((0, E))), probs.t().contiguous(), chosen.t().contiguous()
+
+
+def routing_metadata(experts, num_experts):
+    return tuple(routing.routing_metadata(experts, num_experts))
+
+
+def token_rounding_assign(probs_t, chosen_t, tile, rule):
+    T = probs_t.shape[1]
+    counts = chosen_t.sum(dim=1)
+    target = routing._rounded_counts(counts, T, tile, routing.TOKEN_ROUNDING_RULES[rule])
+    assigned = routing._assign_by_sort(probs_t.t(), chosen_t.t(), target)
+    return assigned.t().contiguous(), assigned.sum(dim=0, dtype=torch.int32)
+
+
+def dense_layout(assigned_t, scores_t, row_bound):
+    return tuple(routing.dense_routing_metadata_by_torch(scores_t, assigned_t, row_bound))
+
+
+def combine(y, scores, rev_idx):
+    return (scores.float().unsqueeze(-1) * y[rev_idx.long()].float()).sum(dim=1).bfloat16()
+
+
+def combine_csr(y, row_scores, rows, token_offsets):
+    T = token_offsets.shape[0] - 1
+    counts = (token_offsets[1:] - token_offsets[:-1]).long()
+    entries = int(token_offsets[-1])
+    token = torch.repeat_interleave(torch.arange(T), counts)
+    terms = row_scores[:entries, None].float() * y[rows[:entries].long()].float()
+    return torch.zeros(T, y.shape[1]).index_add_(0, token, terms).bfloat16()
+
+
+OPS = {f.__name__: f for f in (grouped_gemm, grouped_gemm_kn, up_proj, down_proj_grad, weight_grad, router_topk,
+                                rounding_probs, routing_metadata, token_rounding_assign, dense_layout, combine,
+                                combine_csr)}
+
+
+@contextlib.contextmanager
+def emulated_kernels():
+    """CPU tensors take the kernel path, with the ops above for CPU; restores both on exit."""
+    if not _ops.extension_available():
+        raise RuntimeError("emulated_kernels needs sonicmoe._C built: the ops' schemas and fakes live there")
+    lib = torch.library.Library("sonicmoe", "IMPL")
+    try:
+        for name, fn in OPS.items():
+            lib.impl(name, fn, "CPU")
+        _ops.KERNEL_DEVICE_TYPES.add("cpu")
+        yield
+    finally:
+        _ops.KERNEL_DEVICE_TYPES.discard("cpu")
+        lib._destroy()

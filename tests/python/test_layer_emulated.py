@@ -1,0 +1,225 @@
+"""The layer's kernel path on the CPU: sonicmoe.moe / moe_routed with every op emulated for CPU
+tensors (kernel_emulation.py), against sonicmoe.reference in float64 with the layer's own routing
+decisions. This runs where CI runs (no GPU): the autograd Functions of sonicmoe.functional, the
+metadata and buffers they pass between ops (token rounding's upper-bound ones included), what
+they save for backward and the ops' fakes under torch.compile. The kernels themselves are tested
+against the same reference on the GPU (test_moe.py and the per-kernel tests)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sonicmoe
+from conftest import requires_extension
+from kernel_emulation import emulated_kernels
+from sonicmoe import reference
+from sonicmoe.routing import token_rounding_expert_major
+from test_moe import generator, make_layer, rel
+
+pytestmark = requires_extension
+
+TOP_K_MODES = ["topk_softmax", "softmax_topk", "softmax_topk_norm"]
+
+
+@pytest.fixture
+def kernels():
+    with emulated_kernels():
+        yield
+
+
+def layer_leaves(T, d, n, E, *key):
+    return [t.requires_grad_(True) for t in make_layer(T, d, n, E, "cpu", generator("cpu", *key))]
+
+
+def made_by(out, function):
+    """Whether out comes from the autograd Function named function (through the output's view)."""
+    node = out.grad_fn
+    while node is not None and function not in type(node).__name__:
+        node = node.next_functions[0][0] if node.next_functions else None
+    return node is not None
+
+
+def reference_top_k(leaves, experts, routing, g):
+    """float64 autograd of the reference with the given routing decisions; the leaves' grads."""
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    x, router, w1, w2 = ref
+    logits = x @ router.t()
+    if routing == "softmax_topk":
+        scores = logits.softmax(-1).gather(1, experts)
+    else:  # topk_softmax and softmax_topk_norm: the softmax over the chosen logits
+        scores = logits.gather(1, experts).softmax(-1)
+    out = reference.moe_routed(x, w1, w2, scores, experts)
+    out.backward(g.double())
+    return out, ref
+
+
+@pytest.mark.parametrize("routing", TOP_K_MODES)
+def test_every_gradient_of_the_top_k_layer(kernels, routing):
+    leaves = layer_leaves(300, 128, 64, 8, "emulated-layer", routing)
+    x, router, w1, w2 = leaves
+    out = sonicmoe.moe(x, router, w1, w2, 2, routing=routing)
+    assert made_by(out, "_MoELayer")  # the kernel path, not the reference
+    g = torch.randn(out.shape, generator=generator("cpu", "g", routing))
+    out.backward(g.to(out.dtype))
+    with torch.no_grad():
+        experts = sonicmoe.router_topk(F.linear(x, router), 2, routing)[1].long()
+    ref_out, ref = reference_top_k(leaves, experts, routing, g)
+    assert rel(out.detach(), ref_out.detach()) <= 1e-2
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
+
+
+@pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 2), (7, 4, 4), (500, 16, 3)])
+def test_moe_routed_gradients_with_empty_and_hot_experts(kernels, T, E, K):
+    d, n = 64, 48  # n % 32 != 0: H's trailing block stays in column order
+    gen = generator("cpu", "emulated-routed", T, E, K)
+    x, _, w1, w2 = make_layer(T, d, n, E, "cpu", gen)
+    scores = torch.rand(T, K, generator=gen).softmax(-1)
+    # Expert 0 takes every token's first choice; experts past E // 2 get none.
+    experts = torch.stack([torch.zeros(T, dtype=torch.long)] +
+                          [torch.randperm(E // 2 - 1, generator=gen)[:1].expand(T) + 1 + k for k in range(K - 1)],
+                          dim=1) if T else torch.zeros(0, K, dtype=torch.long)
+    experts = experts.clamp(max=E // 2)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w1, w2, scores)]
+    out = sonicmoe.moe_routed(*leaves, experts)
+    assert T == 0 or made_by(out, "_MoEExperts")
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in (x, w1, w2, scores)]
+    ref = reference.moe_routed(*ref_leaves, experts)
+    assert out.shape == (T, d)
+    if T == 0:
+        return
+    g = torch.randn(T, d, generator=gen)
+    out.backward(g.to(out.dtype))
+    ref.backward(g.double())
+    assert rel(out.detach(), ref.detach()) <= 1e-2
+    for name, got, want in zip(("dx", "dw1", "dw2", "dscores"), leaves, ref_leaves):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel(got.grad, want.grad) <= 1e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
+    idle = E // 2 + 1
+    assert not leaves[1].grad[idle:].any() and not leaves[2].grad[idle:].any()  # idle experts: exact zeros
+
+
+@pytest.mark.parametrize("tile,rule", [(64, "nearest"), (16, "up"), (32, "down")])
+def test_token_rounding_gradients(kernels, tile, rule):
+    # The dense path: upper-bound buffers (rows past offsets[E] are NaN in the emulation, so a
+    # consumer that read them would show it), combine_csr, the scores' gradient into (T, E).
+    T, d, n, E, K = 200, 64, 64, 8, 2
+    leaves = layer_leaves(T, d, n, E, "emulated-rounding", tile, rule)
+    x, router, w1, w2 = leaves
+    out = sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding", tile=tile, rule=rule)
+    assert made_by(out, "_MoEDenseExperts")
+    g = torch.randn(out.shape, generator=generator("cpu", "g-rounding", tile, rule))
+    out.backward(g.to(out.dtype))
+    with torch.no_grad():  # the layer's own assignment
+        _, _, assigned_t = token_rounding_expert_major(F.linear(x, router), K, tile, rule, fp32_probs=True)
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    rx, rrouter, rw1, rw2 = ref
+    assigned = assigned_t.t()
+    ref_out = reference.moe_dense_routed(rx, rw1, rw2, (rx @ rrouter.t()).softmax(-1) * assigned, assigned)
+    ref_out.backward(g.double())
+    assert rel(out.detach(), ref_out.detach()) <= 1e-2
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
+
+
+def test_backward_saves_only_x_h_scores_and_metadata(kernels):
+    # DESIGN §3, as test_moe.py checks it on the GPU: beyond x and the parameters the top-K layer
+    # keeps H, the scores and int32 routing metadata.
+    T, d, n, E, K = 64, 32, 32, 8, 2
+    leaves = layer_leaves(T, d, n, E, "emulated-saved")
+    own = {t.data_ptr() for t in leaves}
+    saved = {}
+
+    def pack(t):
+        if t.data_ptr() not in own:
+            saved[t.data_ptr()] = (tuple(t.shape), t.dtype)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = sonicmoe.moe(*leaves, K)
+    M = T * K
+    expected = [((M, 2 * n), torch.bfloat16), ((T, K), torch.float32), ((T, K), torch.int32),
+                ((E + 1,), torch.int32), ((M,), torch.int32), ((T, K), torch.int32)]
+    assert sorted(saved.values(), key=str) == sorted(expected, key=str)
+    out.float().sum().backward()
+
+
+def test_no_grad_keeps_no_h(kernels):
+    x, router, w1, w2 = layer_leaves(64, 32, 32, 8, "emulated-no-grad")
+    calls = []
+    real = sonicmoe.functional.up_proj
+
+    def spy(*args, **kwargs):
+        h, a = real(*args, **kwargs)
+        calls.append(h.shape[0])
+        return h, a
+
+    sonicmoe.functional.up_proj = spy
+    try:
+        with torch.no_grad():
+            sonicmoe.moe(x, router, w1, w2, 2)
+    finally:
+        sonicmoe.functional.up_proj = real
+    assert calls == [0]  # H not written
+
+
+def compiled_against_eager(fn, leaves, g, backend):
+    """fn's output and its leaves' gradients, eager and under torch.compile(fullgraph=True)."""
+    results = []
+    for f in (fn, torch.compile(fn, fullgraph=True, backend=backend)):
+        for t in leaves:
+            t.grad = None
+        out = f(*leaves)
+        out.backward(g)
+        results.append([out.detach()] + [t.grad.clone() for t in leaves])
+    torch._dynamo.reset()
+    return zip(("out", "dx", "drouter", "dw1", "dw2"), *results)
+
+
+# aot_eager runs the traced, partitioned graphs on the same ops (results identical to eager);
+# inductor also generates code for the torch ops between them (its fused adds round once where
+# eager rounds twice, hence a bf16-level tolerance).
+COMPILE_TOLERANCE = {"aot_eager": 0.0, "inductor": 1e-2}
+
+
+@pytest.mark.parametrize("backend", list(COMPILE_TOLERANCE))
+@pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk"])
+def test_torch_compile_fullgraph_matches_eager(kernels, routing, backend):
+    # The top-K layer traces into one graph (every op has a fake; no host sync); its compiled
+    # forward and backward (AOTAutograd's joint graph, partitioned) match eager on the same ops.
+    leaves = layer_leaves(128, 64, 32, 8, "emulated-compile", routing)
+    g = torch.randn(128, 64, generator=generator("cpu", "g-compile", routing)).bfloat16()
+
+    def layer(x, router, w1, w2):
+        return sonicmoe.moe(x, router, w1, w2, 2, routing=routing)
+
+    for name, eager, compiled in compiled_against_eager(layer, leaves, g, backend):
+        assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], name
+
+
+@pytest.mark.parametrize("backend", list(COMPILE_TOLERANCE))
+def test_token_rounding_experts_traced_match_eager(kernels, backend):
+    # sonicmoe.moe keeps token rounding's expert MLPs out of torch.compile graphs
+    # (functional._DENSE_EAGER_REASON: traced, their backward gave wrong dx on the H200 on
+    # 2026-11-29, with the sorted layout then built by torch ops). Traced here through the
+    # Function itself, on the ops' emulation, the graphs match eager, with the dense_layout op and
+    # with the torch-built layout alike: whatever went wrong is not in the graphs on the CPU.
+    T, d, n, E, K, tile = 256, 64, 64, 8, 2, 32
+    leaves = layer_leaves(T, d, n, E, "emulated-rounding-compile")
+    g = torch.randn(T, d, generator=generator("cpu", "g-rounding-compile")).bfloat16()
+
+    def experts(x, router, w1, w2):
+        probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x, router), K, tile, "nearest",
+                                                                 fp32_probs=True)
+        return sonicmoe.functional._MoEDenseExperts.apply(x, w1, w2, probs, probs_t, assigned_t, K, tile, True)
+
+    by_kernel = sonicmoe.functional.dense_routing_metadata_expert_major
+    try:
+        for layout in (by_kernel, sonicmoe.routing.dense_routing_metadata_by_torch):
+            sonicmoe.functional.dense_routing_metadata_expert_major = layout
+            for name, eager, compiled in compiled_against_eager(experts, leaves, g, backend):
+                assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], (layout.__name__, name)
+    finally:
+        sonicmoe.functional.dense_routing_metadata_expert_major = by_kernel
