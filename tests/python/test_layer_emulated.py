@@ -14,7 +14,7 @@ from conftest import requires_extension
 from kernel_emulation import emulated_kernels
 from sonicmoe import reference
 from sonicmoe.routing import token_rounding_expert_major
-from test_moe import generator, make_layer, rel
+from test_moe import generator, make_layer, reference_top_k, rel
 
 pytestmark = requires_extension
 
@@ -37,20 +37,6 @@ def made_by(out, function):
     while node is not None and function not in type(node).__name__:
         node = node.next_functions[0][0] if node.next_functions else None
     return node is not None
-
-
-def reference_top_k(leaves, experts, routing, g):
-    """float64 autograd of the reference with the given routing decisions; the leaves' grads."""
-    ref = [t.detach().double().requires_grad_(True) for t in leaves]
-    x, router, w1, w2 = ref
-    logits = x @ router.t()
-    if routing == "softmax_topk":
-        scores = logits.softmax(-1).gather(1, experts)
-    else:  # topk_softmax and softmax_topk_norm: the softmax over the chosen logits
-        scores = logits.gather(1, experts).softmax(-1)
-    out = reference.moe_routed(x, w1, w2, scores, experts)
-    out.backward(g.double())
-    return out, ref
 
 
 @pytest.mark.parametrize("routing", TOP_K_MODES)

@@ -41,6 +41,21 @@ def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
+def reference_top_k(leaves, experts, routing, g):
+    """float64 autograd of the reference layer on leaves (x, router, w1, w2) with the given routing
+    decisions (T, K), backward from g: its output and its leaves, which hold the gradients."""
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    x, router, w1, w2 = ref
+    logits = x @ router.t()
+    if routing == "softmax_topk":
+        scores = logits.softmax(-1).gather(1, experts)
+    else:  # topk_softmax and softmax_topk_norm: the softmax over the chosen logits
+        scores = logits.gather(1, experts).softmax(-1)
+    out = reference.moe_routed(x, w1, w2, scores, experts)
+    out.backward(g.double())
+    return out, ref
+
+
 def fp32_reference_forward(x, w1, w2, scores, experts):
     """Per-expert fp32 reference that upcasts one expert at a time (anchor-size weights)."""
     T, d = x.shape
@@ -218,14 +233,7 @@ def test_every_gradient_of_the_layer(routing):
     out.backward(g.to(out.dtype))
     with torch.no_grad():
         experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), 2, routing)[1].long()
-    ref_leaves = [t.detach().double().requires_grad_(True) for t in leaves]
-    rx, rrouter, rw1, rw2 = ref_leaves
-    logits = rx @ rrouter.t()
-    if routing == "softmax_topk":
-        scores = logits.softmax(-1).gather(1, experts)
-    else:  # topk_softmax and softmax_topk_norm: the softmax over the chosen logits
-        scores = logits.gather(1, experts).softmax(-1)
-    reference.moe_routed(rx, rw1, rw2, scores, experts).backward(g.double())
+    _, ref_leaves = reference_top_k(leaves, experts, routing, g)
     for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref_leaves):
         assert rel(got.grad, want.grad) <= 2e-2, name
 
