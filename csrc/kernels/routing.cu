@@ -16,7 +16,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +23,7 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
+#include "common/once_per_device.h"
 #include "common/host_rules.h"
 #include "sonicmoe.h"
 
@@ -334,17 +334,15 @@ Status launch_router_topk(const RouterTopkParams& p, const Logit* logits) {
 // (cudaFuncSetAttribute on every launch cost host time where E > 384).
 template <class Logit, int kSlots, int kWarps>
 Status launch_rounding_probs_variant(const RoundingProbsParams& p, const Logit* logits, int blocks, size_t smem) {
-  auto* kernel = rounding_probs_kernel<Logit, kSlots, kWarps>;
+  constexpr auto kernel = &rounding_probs_kernel<Logit, kSlots, kWarps>;
   constexpr size_t kMostSmem = sizeof(float) * kRoundingTokensPerBlock * rounding_rows_pitch(32 * kSlots);
   if constexpr (kMostSmem > 48 * 1024) {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<bool> opted_in[kMaxDevices];
-    int device = 0;
-    SONICMOE_CUDA_TRY(cudaGetDevice(&device));
-    if (device >= kMaxDevices || !opted_in[device].load(std::memory_order_acquire)) {
+    int opted_in = 0;
+    SONICMOE_TRY(once_per_device<kernel>(&opted_in, [&](int* done) -> Status {
       SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMostSmem)));
-      if (device < kMaxDevices) opted_in[device].store(true, std::memory_order_release);
-    }
+      *done = 1;
+      return Status::success();
+    }));
   }
   kernel<<<blocks, kWarps * 32, smem, p.stream>>>(logits, p.num_tokens, p.num_experts, p.top_k, p.probs, p.probs_t,
                                                   p.chosen_t);

@@ -6,11 +6,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/once_per_device.h"
 #include "common/tile_size.h"
 #include "sm90/collective/varlen_mainloop_sm90.cuh"
 #include "sm90/fusion/varlen_epilogue_sm90.cuh"
@@ -96,31 +96,19 @@ Status make_rows_tensor_map(CUtensorMap* map, const void* a, int64_t m_total, in
 // Per device, once per kernel: the dynamic shared memory opt-in and, for a clustered kernel, how
 // many of its clusters can be resident at once (cudaOccupancyMaxActiveClusters, a driver query
 // that would otherwise run on every launch). *resident: that count, 1 for an unclustered kernel.
-// (A cudaDeviceReset would drop the opt-in behind the cache's back; nothing here resets.)
 template <class Kernel>
 Status prepare_on_device(const cudaLaunchConfig_t& cluster_config, int* resident) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> prepared[kMaxDevices];  // 0 = not yet; else the resident count
-  int device = 0;
-  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
-  if (device < kMaxDevices) {
-    const int cached = prepared[device].load(std::memory_order_acquire);
-    if (cached > 0) {
-      *resident = cached;
-      return Status::success();
+  return once_per_device<&varlen_gemm_kernel<Kernel>>(resident, [&](int* count) -> Status {
+    auto* kernel = &varlen_gemm_kernel<Kernel>;
+    SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(Kernel::kSmemBytes)));
+    *count = 1;
+    if constexpr (Kernel::kClusterM > 1) {
+      SONICMOE_CUDA_TRY(cudaOccupancyMaxActiveClusters(count, kernel, &cluster_config));
+      if (*count < 1) return Status::error("grouped GEMM: no 2 x 1 cluster of this kernel fits on the device");
     }
-  }
-  auto* kernel = &varlen_gemm_kernel<Kernel>;
-  SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(Kernel::kSmemBytes)));
-  int count = 1;
-  if constexpr (Kernel::kClusterM > 1) {
-    SONICMOE_CUDA_TRY(cudaOccupancyMaxActiveClusters(&count, kernel, &cluster_config));
-    if (count < 1) return Status::error("grouped GEMM: no 2 x 1 cluster of this kernel fits on the device");
-  }
-  if (device < kMaxDevices) prepared[device].store(count, std::memory_order_release);
-  *resident = count;
-  return Status::success();
+    return Status::success();
+  });
 }
 
 // Fills the routing fields of params and launches the persistent grid on `stream`: one CTA
