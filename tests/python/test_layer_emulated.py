@@ -209,3 +209,54 @@ def test_token_rounding_experts_traced_match_eager(kernels, backend):
                 assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], (layout.__name__, name)
     finally:
         sonicmoe.functional.dense_routing_metadata_expert_major = by_kernel
+
+
+@pytest.mark.parametrize("routing", ["softmax_topk_norm", "token_rounding"])
+def test_more_experts_than_the_routing_kernels_take(kernels, routing):
+    # E past R's limit (ROUTER_MAX_EXPERTS): top-K scores come from torch and go through
+    # moe_routed; token rounding's assignment and sorted layout are built by torch ops, its expert
+    # MLPs still run on the (emulated) kernels over upper-bound buffers. On the GPU no test reaches
+    # this path (their E stays <= 256).
+    E = sonicmoe._ops.ROUTER_MAX_EXPERTS + 8
+    T, d, n, K, tile = 96, 32, 32, 2, 8
+    leaves = layer_leaves(T, d, n, E, "emulated-many-experts", routing)
+    x, router, w1, w2 = leaves
+    out = sonicmoe.moe(x, router, w1, w2, K, routing=routing, tile=tile)
+    assert made_by(out, "_MoEDenseExperts" if routing == "token_rounding" else "_MoEExperts")
+    g = torch.randn(out.shape, generator=generator("cpu", "g-many", routing))
+    out.backward(g.to(out.dtype))
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    rx, rrouter, rw1, rw2 = ref
+    with torch.no_grad():
+        logits = F.linear(x, router).float()
+        if routing == "token_rounding":
+            assigned = token_rounding_expert_major(logits, K, tile, "nearest")[2].t()
+        else:
+            experts = logits.softmax(-1).topk(K, dim=-1).indices
+    probs = (rx @ rrouter.t()).softmax(-1)
+    if routing == "token_rounding":
+        ref_out = reference.moe_dense_routed(rx, rw1, rw2, probs * assigned, assigned)
+    else:
+        scores = probs.gather(1, experts)
+        ref_out = reference.moe_routed(rx, rw1, rw2, scores / scores.sum(-1, keepdim=True), experts)
+    ref_out.backward(g.double())
+    assert rel(out.detach(), ref_out.detach()) <= 1e-2
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
+        assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
+
+
+def test_module_trains_with_token_rounding_and_evaluates_with_top_k(kernels):
+    # sonicmoe.MoE routes by token rounding in training mode and by softmax_topk in eval mode, on
+    # the kernel path both ways; leading batch dims are flattened and restored.
+    layer = sonicmoe.MoE(32, 32, 8, 2, routing="token_rounding", tile=16, dtype=torch.bfloat16)
+    x = torch.randn(2, 40, 32, generator=generator("cpu", "module")).bfloat16().requires_grad_(True)
+    out = layer(x)
+    assert out.shape == x.shape and made_by(out, "_MoEDenseExperts")
+    out.float().square().sum().backward()
+    assert x.grad.shape == x.shape and all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    layer.eval()
+    with torch.no_grad():
+        evaluated = layer(x)
+        want = reference.moe(x.double(), *(p.double() for p in (layer.router_weight, layer.w1, layer.w2)), 2,
+                             routing="softmax_topk")
+    assert rel(evaluated, want) <= 1e-2
