@@ -85,9 +85,20 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
     return d_h, a_scaled, d_score_partial
 
 
+_COOPERATIVE_WEIGHT_GRAD = {_ops.GEMM_TILE_CONFIGS[c] for c in ("varlen_cooperative_128x256x64",
+                                                                  "varlen_cooperative_256x128x64")}
+
+
 def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0):
     rows = gather_idx.long()
     m_total = gather_idx.shape[0]
+    if partial_rows and tile_config in _COOPERATIVE_WEIGHT_GRAD:
+        # The cooperative tiles read the TMA side's first 64 rows past offsets[E]: the caller's
+        # contract is that they are finite (down_proj_grad zeroes them in d_h and A').
+        end = int(expert_offsets[-1])
+        past = (a if not gather_a else b)[end:end + 64]
+        if not torch.isfinite(past).all():
+            raise RuntimeError("emulated weight_grad: rows past expert_offsets[E] read by TMA are not finite")
     out = torch.zeros(expert_offsets.shape[0] - 1, a.shape[1], b.shape[1])
     for e, (lo, hi) in enumerate(_bounds(expert_offsets, m_total, partial_rows)):
         a_rows = a[rows[lo:hi]] if gather_a else a[lo:hi]
