@@ -23,8 +23,8 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
-#include "common/once_per_device.h"
 #include "common/host_rules.h"
+#include "common/once_per_device.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {

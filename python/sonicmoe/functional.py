@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import reference
-from . import _ops
+from . import _ops, reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
                    down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_topk,
                    up_proj, weight_grad)

@@ -18,6 +18,7 @@ __all__ = [
     "DenseRoutingMetadata",
     "RoutingMetadata",
     "dense_routing_metadata",
+    "dense_routing_metadata_by_torch",
     "dense_routing_metadata_expert_major",
     "dense_row_bound",
     "TOKEN_ROUNDING_RULES",
