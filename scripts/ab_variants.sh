@@ -9,8 +9,12 @@
 # are the base's, and an incremental build keeps them (their mtimes are newer): touch the changed
 # files first (session 13, call 5).
 #
-# A change is a patch (applied with git apply, or patch -p1) or a folder holding changed files
-# at their paths in the tree (scripts/ab_patch.sh --files writes one from a patch):
+# A change is a patch (applied with git apply, or patch -p1), a folder holding changed files
+# at their paths in the tree (scripts/ab_patch.sh --files writes one from a patch), or a prebuilt
+# kernel library (a .a: libsonicmoe_kernels.a built by CMake on a CPU machine from the tree with a
+# kernel-only change; the variant only links it, see setup.py's SONICMOE_PREBUILT_KERNELS). With
+# BASE_KERNELS=path/to/libsonicmoe_kernels.a the base links that one too, so no CUTLASS unit is
+# compiled here at all (scripts/prebuild_kernels.sh writes them):
 #   bash scripts/ab_variants.sh "python3 benchmarks/bench.py --ops backward_kernels --parts K4_down_proj_grad" \
 #     experiments/k4_h_loads_16B.diff experiments/k4_seven_stages.diff
 set -euo pipefail
@@ -45,8 +49,11 @@ apply_change() {  # apply_change CHANGE apply|revert
   fi
 }
 
-build() {  # build NAME: builds the tree and keeps its extension as NAME.so
-  if MAX_JOBS=${MAX_JOBS:-$(nproc)} python3 setup.py build_ext --inplace >"ab-build-$1.log" 2>&1; then
+build() {  # build NAME [KERNELS]: builds the tree (linking the prebuilt KERNELS if given), keeps its extension as NAME.so
+  local kernels=${2:-}
+  [ -n "$kernels" ] && rm -f python/sonicmoe/_C*.so  # setuptools does not relink for a new library alone
+  if SONICMOE_PREBUILT_KERNELS=$kernels MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+      python3 setup.py build_ext --inplace >"ab-build-$1.log" 2>&1; then
     echo "== built $1 ($(grep -c 'Building CUDA' "ab-build-$1.log" || true) kernel units)"
     cp "$(extension)" "$stage/$1.so"
   else
@@ -63,11 +70,17 @@ restore() {
 trap restore EXIT
 
 names=(base)
-build base
+build base "$([ -n "${BASE_KERNELS:-}" ] && realpath "$BASE_KERNELS")"
 i=0
 for change in "$@"; do
   i=$((i + 1))
   change=$(realpath "$change")
+  if [ "${change%.a}" != "$change" ]; then  # a prebuilt kernel library: link it, change nothing
+    name="v$i-$(basename "$(dirname "$change")")"
+    build "$name" "$change"
+    names+=("$name")
+    continue
+  fi
   name="v$i-$(basename "${change%.diff}")"
   apply_change "$change" apply
   applied=$change
