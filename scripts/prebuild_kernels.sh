@@ -26,7 +26,12 @@ build() {  # build NAME: the kernel library of the tree as it is now, kept as $O
     { tail -n 30 "build/prebuild-$1.log"; return 1; }
   mkdir -p "$OUT/$1"
   cp build/cmake/libsonicmoe_kernels.a "$OUT/$1/"
+  csrc_digest > "$OUT/$1/csrc.md5"  # what it was built from: check it before linking it elsewhere
   echo "== $1: $(grep -c 'Building CUDA' "build/prebuild-$1.log" || true) kernel units, $((SECONDS - t)) s"
+}
+
+csrc_digest() {  # one md5 over every file under csrc/ (a GPU machine's copy of the tree has no .git)
+  find csrc -type f | LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-32
 }
 
 changed_files() {  # the tree paths a change touches
