@@ -23,7 +23,7 @@ import sonicmoe  # noqa: E402
 from sonicmoe import functional  # noqa: E402
 from sonicmoe.routing import dense_routing_metadata_by_torch, token_rounding_expert_major  # noqa: E402
 
-SHAPES = [(512, 256, 128, 16, 2, 64), (2048, 512, 256, 64, 4, 128), (300, 256, 384, 8, 2, 32)]  # T, d, n, E, K, tile
+SHAPES = [(512, 256, 128, 16, 2, 64), (300, 256, 384, 8, 2, 32)]  # T, d, n, E, K, tile
 
 
 def rel(a, b):
