@@ -281,6 +281,15 @@ def up_projection(x: torch.Tensor, w1: torch.Tensor, meta: RoutingMetadata) -> t
     return h
 
 
+def swiglu_backward(h: torch.Tensor, d_a: torch.Tensor) -> torch.Tensor:
+    """dH = dSwiGLU(dA, H): the gradient through a = silu(gate) * up, for H = [gate | up] (rows, 2n)
+    in column order and dA (rows, n); K4's epilogue math."""
+    n = d_a.shape[1]
+    gate, up = h[:, :n], h[:, n:]
+    sig = torch.sigmoid(gate)
+    return torch.cat([d_a * up * sig * (1 + gate * (1 - sig)), d_a * gate * sig], dim=1)
+
+
 def expert_backward(
     x: torch.Tensor,
     h: torch.Tensor,
@@ -318,11 +327,9 @@ def expert_backward(
         lo, hi = bounds[e], bounds[e + 1]
         d_a_prime[lo:hi] = d_out[lo:hi] @ w2c[e]
     gate, up = hc[:, :n], hc[:, n:]
-    sig = torch.sigmoid(gate)
-    a = gate * sig * up
+    a = gate * torch.sigmoid(gate) * up
     d_score_rows = (d_a_prime * a).sum(dim=1)
-    d_a = row_score.unsqueeze(1) * d_a_prime
-    d_h = torch.cat([d_a * up * sig * (1 + gate * (1 - sig)), d_a * gate * sig], dim=1)
+    d_h = swiglu_backward(hc, row_score.unsqueeze(1) * d_a_prime)
     a_scaled = row_score.unsqueeze(1) * a
 
     # K5: dW2[e] = dO[gather]^T A'; K7: dW1[e] = dH^T x[gather] (varlen-K, gather along K);

@@ -19,7 +19,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from sonicmoe import _ops, routing
+from sonicmoe import _ops, reference, routing
 
 _NAN = float("nan")
 _ROUTER_MODE_NAMES = {v: k for k, v in _ops.ROUTER_MODES.items()}
@@ -70,11 +70,8 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
     d_a_prime = _rows_by_expert(m, n, expert_offsets, partial_rows,
                                 lambda e, lo, hi: d_out[rows[lo:hi]].float() @ w2[e].float(), dtype=torch.float32)
     hc = _ops.h_column_order(h).float()
-    gate, up = hc[:, :n], hc[:, n:]
-    sig = torch.sigmoid(gate)
-    a = F.silu(gate) * up
-    d_a = row_score[:, None] * d_a_prime
-    d_h = torch.cat([d_a * up * sig * (1 + gate * (1 - sig)), d_a * F.silu(gate)], dim=1).bfloat16()
+    a = F.silu(hc[:, :n]) * hc[:, n:]
+    d_h = reference.swiglu_backward(hc, row_score[:, None] * d_a_prime).bfloat16()
     a_scaled = (row_score[:, None] * a).bfloat16()
     slots = (n + 127) // 128
     d_score_partial = F.pad(d_a_prime * a, (0, slots * 128 - n)).view(m, slots, 128).sum(-1)
