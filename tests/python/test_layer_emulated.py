@@ -151,13 +151,14 @@ def test_no_grad_keeps_no_h(kernels):
     assert calls == [0]  # H not written
 
 
-def compiled_against_eager(fn, leaves, g, backend):
-    """fn's output and its leaves' gradients, eager and under torch.compile(fullgraph=True)."""
+def compiled_against_eager(fn, leaves, g, backend, call=lambda f, leaves: f(*leaves)):
+    """The output and the leaves' gradients of call(f, leaves), with f = fn eager and f = fn under
+    torch.compile(fullgraph=True): (name, eager, compiled) per result."""
     results = []
     for f in (fn, torch.compile(fn, fullgraph=True, backend=backend)):
         for t in leaves:
             t.grad = None
-        out = f(*leaves)
+        out = call(f, leaves)
         out.backward(g)
         results.append([out.detach()] + [t.grad.clone() for t in leaves])
     torch._dynamo.reset()
@@ -199,9 +200,10 @@ def test_token_rounding_experts_traced_match_eager(kernels, backend):
     def dense(x, w1, w2, probs, probs_t, assigned_t):
         return sonicmoe.functional._MoEDenseExperts.apply(x, w1, w2, probs, probs_t, assigned_t, K, tile, True)
 
-    def layer(experts, x, router, w1, w2):
+    def layer(experts, leaves):
         # The routing stays eager, outside the graph: a compiled softmax may differ from eager's in
         # the last bit and move a near-tied token at a rounding boundary (another valid assignment).
+        x, router, w1, w2 = leaves
         probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x, router), K, tile, "nearest",
                                                                  fp32_probs=True)
         return experts(x, w1, w2, probs, probs_t, assigned_t)
@@ -210,15 +212,7 @@ def test_token_rounding_experts_traced_match_eager(kernels, backend):
     try:
         for layout in (by_kernel, sonicmoe.routing.dense_routing_metadata_by_torch):
             sonicmoe.functional.dense_routing_metadata_expert_major = layout
-            results = []
-            for experts in (dense, torch.compile(dense, fullgraph=True, backend=backend)):
-                for t in leaves:
-                    t.grad = None
-                out = layer(experts, *leaves)
-                out.backward(g)
-                results.append([out.detach()] + [t.grad.clone() for t in leaves])
-            torch._dynamo.reset()
-            for name, eager, compiled in zip(("out", "dx", "drouter", "dw1", "dw2"), *results):
+            for name, eager, compiled in compiled_against_eager(dense, leaves, g, backend, call=layer):
                 assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], (layout.__name__, name)
     finally:
         sonicmoe.functional.dense_routing_metadata_expert_major = by_kernel
