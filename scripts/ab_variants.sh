@@ -28,30 +28,12 @@ extension() { ls python/sonicmoe/_C*.so 2>/dev/null | head -1 || true; }  # none
 original=$(extension)
 [ -n "$original" ] && cp "$original" "$stage/original.so"
 
-apply_change() {  # apply_change CHANGE apply|revert
-  local change=$1 direction=$2
-  if [ -d "$change" ]; then
-    if [ "$direction" = apply ]; then
-      rm -rf "$stage/saved" && mkdir -p "$stage/saved"
-      (cd "$change" && find . -type f) | while read -r f; do
-        mkdir -p "$stage/saved/$(dirname "$f")" && cp "$f" "$stage/saved/$f"
-      done
-      cp -r "$change"/. .
-    else
-      cp -r "$stage/saved"/. .
-    fi
-  elif command -v git >/dev/null; then
-    if [ "$direction" = apply ]; then git apply "$change"; else git apply -R "$change"; fi
-  elif command -v patch >/dev/null; then
-    if [ "$direction" = apply ]; then patch -p1 -s <"$change"; else patch -p1 -R -s <"$change"; fi
-  else
-    echo "$0: neither git nor patch here: pass a folder written by ab_patch.sh --files" >&2; exit 2
-  fi
-}
+change_stage=$stage
+source scripts/apply_change.sh
 
 build() {  # build NAME [KERNELS]: builds the tree (linking the prebuilt KERNELS if given), keeps its extension as NAME.so
   local kernels=${2:-}
-  [ -n "$kernels" ] && rm -f python/sonicmoe/_C*.so  # setuptools does not relink for a new library alone
+  rm -f python/sonicmoe/_C*.so  # setuptools need not relink for a new kernel library alone: always link
   if SONICMOE_PREBUILT_KERNELS=$kernels MAX_JOBS=${MAX_JOBS:-$(nproc)} \
       python3 setup.py build_ext --inplace >"ab-build-$1.log" 2>&1; then
     echo "== built $1 ($(grep -c 'Building CUDA' "ab-build-$1.log" || true) kernel units)"

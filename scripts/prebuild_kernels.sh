@@ -34,15 +34,13 @@ csrc_digest() {  # one md5 over every file under csrc/ (a GPU machine's copy of 
   find csrc -type f | LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-32
 }
 
-changed_files() {  # the tree paths a change touches
-  if [ -d "$1" ]; then (cd "$1" && find . -type f | sed 's|^\./||'); else git apply --numstat "$1" | cut -f3; fi
-}
-
+change_stage=$(mktemp -d)
+source scripts/apply_change.sh
 applied=""
 restore() {
   if [ -n "$applied" ]; then
-    if [ -d "$applied" ]; then git checkout -- $(changed_files "$applied"); else git apply -R "$applied"; fi
-    touch $(changed_files "$applied")
+    apply_change "$applied" revert
+    for f in $(changed_files "$applied"); do [ ! -e "$f" ] || touch "$f"; done  # a file the change added is gone
   fi
 }
 trap restore EXIT
@@ -51,7 +49,7 @@ build base
 for change in "$@"; do
   change=$(realpath "$change")
   name=$(basename "${change%.diff}")
-  if [ -d "$change" ]; then cp -r "$change"/. .; else git apply "$change"; fi
+  apply_change "$change" apply
   applied=$change
   build "$name"
   restore
