@@ -259,22 +259,14 @@ class _MoEDenseExperts(torch.autograd.Function):
             # go to a spare slot that is dropped (no host sync).
             T, E = ctx.dense_shape
             r = torch.arange(rows.shape[0], dtype=torch.int32, device=x.device)
-            expert = torch.searchsorted(offsets[1:], r, right=True)
+            # searchsorted over all of offsets, not offsets[1:]: traced, Inductor's Triton code
+            # searches a sliced boundary from its buffer's start (pytorch/pytorch#182343), every
+            # expert id one too high (seen on the H200, torch 2.11).
+            expert = torch.searchsorted(offsets, r, right=True) - 1
             flat = torch.where(r < offsets[-1], gather_idx.long() * E + expert, T * E)
             dscores = torch.zeros(T * E + 1, dtype=torch.float32, device=x.device)
             dscores = dscores.scatter_(0, flat, d_row_score)[: T * E].view(T, E)
         return dx, dw1, dw2, dscores, None, None, None, None, None
-
-
-_DENSE_EAGER_REASON = (
-    "sonicmoe: token rounding's expert MLPs run eagerly under torch.compile: traced, their backward "
-    "gave wrong input gradients on the H200 (2026-11-29, under investigation), so torch.compile "
-    "breaks the graph around them (fullgraph=True cannot compile routing='token_rounding')")
-
-
-@torch.compiler.disable(reason=_DENSE_EAGER_REASON)
-def _dense_experts(x, w1, w2, scores, scores_t, assigned_t, top_k, tile, keep_h):
-    return _MoEDenseExperts.apply(x, w1, w2, scores, scores_t, assigned_t, top_k, tile, keep_h)
 
 
 def moe_routed(x, w1, w2, scores, experts):
@@ -315,7 +307,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x2, router_weight), top_k, tile, rule,
                                                                  fp32_probs=True)
         keep_h = _grad_enabled_for(x2, w1, w2, probs)
-        return _dense_experts(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h).reshape(x.shape)
+        return _MoEDenseExperts.apply(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h).reshape(x.shape)
     x2 = x.reshape(-1, d)
     if on_kernels(x2) and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K:
         reference._check_expert_weights(x2, w1, w2)
