@@ -15,10 +15,12 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
 Prints tables; writes JSON and a PNG plot to --out. With --profile, forward_kernels and
 backward_kernels run each part once after two warm-up calls, between cudaProfilerStart and
 cudaProfilerStop, for a profiler started with collection off (scripts/ncu_parts.sh); their
-tables then show that one call's time. With --energy they also read the card's mean power while
-each part runs back to back and its energy per call (NVML's energy counter): at the H200's power
-cap a training step is energy-bound (docs/perf-notes.md, session 14), so a kernel change pays in
-the layer by the energy it saves per call more than by its time alone.
+tables then show that one call's time. With --energy they also read the card's mean power and SM
+clock while each part runs back to back and its energy per call (NVML's energy counter), and
+moe_backward reads the same for the layer's training step and its forward, and the backward's
+energy per step: at the H200's power cap a training step is energy-bound (docs/perf-notes.md,
+session 14), so a kernel change pays in the layer by the energy it saves per call more than by
+its time alone, and the step's clock says whether a config runs at the cap.
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
 """
@@ -289,6 +291,12 @@ def bench_moe_backward(name, cfg, anchor_rows):
     ms = time_interleaved(fns, rounds=5, iters=5)
     fwd, fwd_bwd = 6.0 * T * K * d * n, 18.0 * T * K * d * n
     row = {"config": name}
+    if MEASURE_ENERGY:  # ours only: the step's power and clock, the backward's energy per step
+        power = energy_interleaved({k: fns[k] for k in ("sonicmoe_fwd", "sonicmoe_fwd_bwd")}, ms)
+        for k, (watts, mhz) in power.items():
+            row[f"{k}_W"], row[f"{k}_MHz"], row[f"{k}_J"] = watts, mhz, watts * ms[k] / 1e3
+        row["sonicmoe_bwd_J"] = row["sonicmoe_fwd_bwd_J"] - row["sonicmoe_fwd_J"]
+        row["sonicmoe_bwd_pJ_per_flop"] = row["sonicmoe_bwd_J"] * 1e12 / (fwd_bwd - fwd)
     for impl, layer in layers.items():
         bwd_ms = ms[f"{impl}_fwd_bwd"] - ms[f"{impl}_fwd"]
         row[f"{impl}_bwd_tflops"] = (fwd_bwd - fwd) / bwd_ms / 1e9
@@ -373,31 +381,33 @@ def profile_one_call(fns):
     return ms
 
 
-# --energy: the per-kernel tables also read each part's power and energy per call (mean_power_w).
+# --energy: the per-kernel tables and moe_backward also read power, SM clock and energy per call.
 MEASURE_ENERGY = False
 
 
-def _energy_counter():
-    """A reader of the card's energy counter in mJ (NVML, through torch.cuda's binding)."""
+def _nvml_readers():
+    """Readers of the card's energy counter (mJ) and SM clock (MHz), NVML through torch.cuda."""
     try:
         import pynvml
         handle = torch.cuda._get_pynvml_handler()
     except Exception as exc:  # noqa: BLE001: any failure means no counter
         sys.exit(f"bench.py --energy needs NVML (pynvml) for the card's energy counter: {exc}")
-    return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    return (lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
+            lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
 
 
-def mean_power_w(fn, ms_per_call, read, seconds=0.6, settle=0.2, give_up=10.0):
-    """The card's mean power (W) while fn runs back to back. Calls are queued in chunks of about
-    2 ms of GPU work, the host staying two chunks ahead (so the GPU never idles and the queue
-    drains at once at the end), and the energy counter is read after each chunk: it moves in
-    steps, tens of ms apart on some cards. The window runs from the first step seen `settle` s in
-    to the first one `seconds` later, so neither the ramp-up nor the tail is in it. NaN if the
-    counter does not move."""
+def mean_power_w(fn, ms_per_call, read, clock=None, seconds=0.6, settle=0.2, give_up=10.0):
+    """The card's mean power (W) while fn runs back to back, and the median SM clock (MHz) read at
+    each energy-counter step inside the window (NaN without a clock reader). Calls are queued in
+    chunks of about 2 ms of GPU work, the host staying two chunks ahead (so the GPU never idles
+    and the queue drains at once at the end), and the energy counter is read after each chunk: it
+    moves in steps, tens of ms apart on some cards. The window runs from the first step seen
+    `settle` s in to the first one `seconds` later, so neither the ramp-up nor the tail is in it.
+    NaN if the counter does not move."""
     chunk = max(1, int(2.0 / ms_per_call))
     torch.cuda.synchronize()
     t_start = time.perf_counter()
-    last, window, queued = read(), None, []
+    last, window, queued, mhz = read(), None, [], []
     while True:
         for _ in range(chunk):
             fn()
@@ -408,7 +418,7 @@ def mean_power_w(fn, ms_per_call, read, seconds=0.6, settle=0.2, give_up=10.0):
         now, value = time.perf_counter(), read()
         if now - t_start > give_up:
             torch.cuda.synchronize()
-            return float("nan")
+            return float("nan"), float("nan")
         if value == last:
             continue
         last = value
@@ -417,39 +427,42 @@ def mean_power_w(fn, ms_per_call, read, seconds=0.6, settle=0.2, give_up=10.0):
                 window = (value, now)
         elif now - window[1] >= seconds:
             break
+        elif clock is not None:
+            mhz.append(clock())  # the GPU is still busy: two chunks are queued behind this one
     torch.cuda.synchronize()
-    return (value - window[0]) / 1e3 / (now - window[1])
+    return (value - window[0]) / 1e3 / (now - window[1]), (statistics.median(mhz) if mhz else float("nan"))
 
 
 def energy_interleaved(fns, ms, rounds=3):
-    """Median mean power (W) of each fn over rounds that take turns as time_interleaved's do;
-    ms: each fn's time per call (to size the windows)."""
-    read = _energy_counter()
+    """Median mean power (W) and SM clock (MHz) of each fn over rounds that take turns as
+    time_interleaved's do; ms: each fn's time per call (to size the windows)."""
+    read, clock = _nvml_readers()
     names = list(fns)
     samples = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(mean_power_w(fns[name], ms[name], read))
-    return {name: statistics.median(v) for name, v in samples.items()}
+            samples[name].append(mean_power_w(fns[name], ms[name], read, clock))
+    return {name: tuple(statistics.median(x) for x in zip(*v)) for name, v in samples.items()}
 
 
 def time_kernels(name, fns, parts=None):
     """One row of per-kernel times: fns maps a name to (callable, FLOPs per call); only the names
-    in parts when given. With --energy also each part's power (W) and energy per call (mJ, the
-    power times the call's time)."""
+    in parts when given. With --energy also each part's power (W), SM clock (MHz) and energy per
+    call (mJ, the power times the call's time)."""
     if parts:
         fns = {k: v for k, v in fns.items() if k in parts}
     callables = {k: fn for k, (fn, _) in fns.items()}
     ms = profile_one_call(callables) if PROFILE_ONE_CALL else time_interleaved(callables, rounds=3, iters=10)
-    watts = energy_interleaved(callables, ms) if MEASURE_ENERGY and not PROFILE_ONE_CALL else {}
+    power = energy_interleaved(callables, ms) if MEASURE_ENERGY and not PROFILE_ONE_CALL else {}
     row = {"config": name}
     for k, (_, flops) in fns.items():
         row[f"{k}_us"] = ms[k] * 1e3
         row[f"{k}_tflops"] = flops / ms[k] / 1e9
-        if k in watts:
-            row[f"{k}_W"] = watts[k]
-            row[f"{k}_mJ"] = watts[k] * ms[k]
-            row[f"{k}_pJ_per_flop"] = watts[k] * ms[k] * 1e9 / flops
+        if k in power:
+            watts, row[f"{k}_MHz"] = power[k]
+            row[f"{k}_W"] = watts
+            row[f"{k}_mJ"] = watts * ms[k]
+            row[f"{k}_pJ_per_flop"] = watts * ms[k] * 1e9 / flops
     return row
 
 
@@ -615,8 +628,9 @@ def main():
                         "columns to time (e.g. K4_down_proj_grad,K6_grouped_gemm_kn; default all)")
     parser.add_argument("--profile", action="store_true", help="forward_kernels / backward_kernels: run each "
                         "part once inside cudaProfilerStart / Stop instead of timing it (scripts/ncu_parts.sh)")
-    parser.add_argument("--energy", action="store_true", help="forward_kernels / backward_kernels: also the "
-                        "card's mean power while each part runs back to back and its energy per call (NVML)")
+    parser.add_argument("--energy", action="store_true", help="forward_kernels / backward_kernels / moe_backward: "
+                        "also the card's mean power and SM clock while each part (the layer's step) runs back to "
+                        "back, and its energy per call (NVML)")
     args = parser.parse_args()
     global PROFILE_ONE_CALL, MEASURE_ENERGY
     PROFILE_ONE_CALL = args.profile
@@ -694,11 +708,12 @@ def main():
             print(f"{r['config']:<18}" + "".join(f"{r[p + '_us']:>10.0f} {r[p + '_tflops']:>6.1f} TF" for p in columns))
         print(f"(us and TFLOP/s per call; {note})\n")
         if MEASURE_ENERGY and not PROFILE_ONE_CALL:
-            print(f"{'config':<18}" + "".join(f"{p:>20}" for p in columns))
+            print(f"{'config':<18}" + "".join(f"{p:>29}" for p in columns))
             for r in kernel_rows:
-                print(f"{r['config']:<18}" + "".join(f"{r[p + '_W']:>7.0f} W {r[p + '_pJ_per_flop']:>6.3f} pJ" for p in columns))
-            print("(the card's mean power while each part runs back to back, and the energy per call over its "
-                  "FLOPs, pJ per FLOP; NaN: the energy counter did not move)\n")
+                print(f"{r['config']:<18}" + "".join(f"{r[p + '_W']:>7.0f} W {r[p + '_pJ_per_flop']:>6.3f} pJ "
+                                                     f"{r[p + '_MHz']:>4.0f} MHz" for p in columns))
+            print("(the card's mean power and SM clock while each part runs back to back, and the energy per "
+                  "call over its FLOPs, pJ per FLOP; NaN: the energy counter did not move)\n")
     if "moe_backward" in ops:
         bwd_rows = per_config(names, lambda name: bench_moe_backward(name, configs[name], anchors["rows"]),
                               out / "moe_backward.json")
@@ -717,6 +732,15 @@ def main():
               "allocated after the forward minus its output; peak = a training step's peak above what was "
               "allocated before it, the gradients included; *upstream SonicMoE from shared/anchors; "
               f"{COMPILED_MARK}: its torch.compile'd layer)\n")
+        if MEASURE_ENERGY:
+            print(f"{'config':<18}{'step W':>8}{'MHz':>6}{'fwd W':>7}{'MHz':>6}{'step J':>8}{'fwd J':>7}"
+                  f"{'bwd J':>7}{'bwd pJ':>8}")
+            for r in bwd_rows:
+                print(f"{r['config']:<18}{r['sonicmoe_fwd_bwd_W']:>8.0f}{r['sonicmoe_fwd_bwd_MHz']:>6.0f}"
+                      f"{r['sonicmoe_fwd_W']:>7.0f}{r['sonicmoe_fwd_MHz']:>6.0f}{r['sonicmoe_fwd_bwd_J']:>8.3f}"
+                      f"{r['sonicmoe_fwd_J']:>7.3f}{r['sonicmoe_bwd_J']:>7.3f}{r['sonicmoe_bwd_pJ_per_flop']:>8.3f}")
+            print("(sonicmoe.moe's training step and its forward run back to back: the card's mean power and SM "
+                  "clock, the energy per call, and the backward's (step - forward) energy, also per FLOP)\n")
     if "grouped_gemm" not in ops:
         return
     rows = []
