@@ -1,0 +1,65 @@
+"""benchmarks/bench.py's --energy readings on the CPU, against a fake energy counter and clock: the
+mean power over a window between two counter steps, the SM clock read inside it, and the rounds'
+medians. On the H200 they read NVML (docs/perf-notes.md, sessions 21-22)."""
+
+import importlib
+import pathlib
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """bench.py with CUDA's events and syncs as no-ops (the fake work runs on the host)."""
+    class Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("bench")
+
+
+def fake_counter(watts, step_s=0.02):
+    """An energy counter in mJ that moves every step_s seconds, as NVML's does on some cards."""
+    t0 = time.perf_counter()
+    return lambda: int((time.perf_counter() - t0) / step_s) * watts * step_s * 1e3
+
+
+def work():
+    time.sleep(0.0005)
+
+
+def test_mean_power_and_clock(bench):
+    watts, mhz = bench.mean_power_w(work, 0.5, fake_counter(500.0), clock=lambda: 1755, seconds=0.2, settle=0.05)
+    assert watts == pytest.approx(500.0, rel=0.15)
+    assert mhz == 1755
+    watts, mhz = bench.mean_power_w(work, 0.5, fake_counter(300.0), seconds=0.2, settle=0.05)
+    assert watts == pytest.approx(300.0, rel=0.15) and mhz != mhz  # NaN without a clock reader
+
+
+def test_a_counter_that_never_moves_reads_nan(bench):
+    watts, mhz = bench.mean_power_w(work, 0.5, lambda: 7.0, give_up=0.1)
+    assert watts != watts and mhz != mhz
+
+
+def test_energy_interleaved_medians_through_nvml(bench, monkeypatch):
+    counter = fake_counter(650.0)
+    nvml = types.SimpleNamespace(NVML_CLOCK_SM=1, nvmlDeviceGetTotalEnergyConsumption=lambda handle: counter(),
+                                 nvmlDeviceGetClockInfo=lambda handle, kind: 1410)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(torch.cuda, "_get_pynvml_handler", lambda: None, raising=False)
+    power = bench.energy_interleaved({"a": work, "b": work}, {"a": 0.5, "b": 0.5}, rounds=2)
+    assert set(power) == {"a", "b"}
+    for watts, mhz in power.values():
+        assert watts == pytest.approx(650.0, rel=0.15) and mhz == 1410
