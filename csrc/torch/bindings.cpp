@@ -39,7 +39,8 @@ TORCH_LIBRARY(sonicmoe, m) {
   // Token rounding on the device (expert-major (E, T) tensors): the rounded assignment, and the
   // sorted layout of a dense assignment (see TokenRoundingParams, DenseLayoutParams).
   m.def("token_rounding_assign(Tensor probs_t, Tensor chosen_t, int tile, int rule) -> (Tensor, Tensor)");
-  m.def("dense_layout(Tensor assigned_t, Tensor scores_t, int row_bound) "
+  // row_bound is a SymInt: it follows from T, and an int would pin a compiled graph to one T.
+  m.def("dense_layout(Tensor assigned_t, Tensor scores_t, SymInt row_bound) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");

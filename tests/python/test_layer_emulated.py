@@ -222,6 +222,33 @@ def test_token_rounding_experts_traced_match_eager(kernels, backend):
         sonicmoe.functional.dense_routing_metadata_expert_major = by_kernel
 
 
+@pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
+def test_torch_compile_dynamic_tokens_one_graph(kernels, routing):
+    # With T dynamic the layer compiles once for every token count (a trainer's varying batch):
+    # nothing in it specialises on T (token rounding's row bound follows T, so dense_layout takes
+    # it as a SymInt). aot_eager runs the same ops as eager, so every result matches exactly.
+    def layer(x, router, w1, w2):
+        return sonicmoe.moe(x, router, w1, w2, 2, routing=routing, tile=16)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    try:
+        for i, T in enumerate((96, 160, 300)):
+            leaves = layer_leaves(T, 64, 32, 8, "emulated-dynamic", routing, T)
+            g = torch.randn(T, 64, generator=generator("cpu", "g-dynamic", routing, T)).bfloat16()
+            results = []
+            for fn in (layer, compiled):
+                for t in leaves:
+                    t.grad = None
+                with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                    out = fn(*leaves)
+                out.backward(g)
+                results.append([out.detach()] + [t.grad.clone() for t in leaves])
+            for name, eager, comp in zip(("out", "dx", "drouter", "dw1", "dw2"), *results):
+                assert torch.equal(comp, eager), (T, name)
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("routing", ["softmax_topk_norm", "token_rounding"])
 def test_more_experts_than_the_routing_kernels_take(kernels, routing):
     # E past R's limit (ROUTER_MAX_EXPERTS): top-K scores come from torch and go through

@@ -371,3 +371,35 @@ def test_torch_compile_fullgraph_forward_and_backward(routing):
         results.append([out.detach()] + [t.grad.clone() for t in leaves])
     for name, eager, comp in zip(("out", "dx", "drouter", "dw1", "dw2"), *results):
         assert rel(comp, eager) <= 1e-2, name
+
+
+@requires_hopper
+@pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
+def test_torch_compile_dynamic_tokens_one_graph(routing):
+    # One graph for every token count (T dynamic: nothing specialises on it; token rounding's
+    # row bound reaches dense_layout as a SymInt), and it matches eager at each. Token rounding
+    # rounds up to tile = 1024 >= T: every chosen expert takes all T tokens, no ranking (see above).
+    d, n, E, K = 256, 128, 16, 2
+    opts = dict(tile=1024, rule="up") if routing == "token_rounding" else {}
+
+    def layer(x, router, w1, w2):
+        return sonicmoe.moe(x, router, w1, w2, K, routing=routing, **opts)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    try:
+        for i, T in enumerate((512, 640, 1000)):
+            gen = generator("cuda", "compile-dynamic", routing, T)
+            leaves = [t.requires_grad_(True) for t in make_layer(T, d, n, E, "cuda", gen)]
+            grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+            results = []
+            for fn in (layer, compiled):
+                for t in leaves:
+                    t.grad = None
+                with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                    out = fn(*leaves)
+                out.backward(grad)
+                results.append([out.detach()] + [t.grad.clone() for t in leaves])
+            for name, eager, comp in zip(("out", "dx", "drouter", "dw1", "dw2"), *results):
+                assert rel(comp, eager) <= 1e-2, (T, name)
+    finally:
+        torch._dynamo.reset()
