@@ -30,8 +30,9 @@ build() {  # build NAME: the kernel library of the tree as it is now, kept as $O
   echo "== $1: $(grep -c 'Building CUDA' "build/prebuild-$1.log" || true) kernel units, $((SECONDS - t)) s"
 }
 
-csrc_digest() {  # one md5 over every file under csrc/ (a GPU machine's copy of the tree has no .git)
-  find csrc -type f | LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-32
+csrc_digest() {  # one md5 over the library's sources: csrc/ but the torch layer, csrc/torch/ (a GPU
+  # machine's copy of the tree has no .git); the device scripts compute the same
+  find csrc -type f -not -path 'csrc/torch/*' | LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-32
 }
 
 change_stage=$(mktemp -d)
