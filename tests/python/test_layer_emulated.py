@@ -14,7 +14,7 @@ from conftest import requires_extension
 from kernel_emulation import emulated_kernels
 from sonicmoe import reference
 from sonicmoe.routing import token_rounding_expert_major
-from test_moe import generator, make_layer, reference_top_k, rel
+from test_moe import eager_and_compiled, generator, make_layer, reference_top_k, rel
 
 pytestmark = requires_extension
 
@@ -154,15 +154,9 @@ def test_no_grad_keeps_no_h(kernels):
 def compiled_against_eager(fn, leaves, g, backend, call=lambda f, leaves: f(*leaves)):
     """The output and the leaves' gradients of call(f, leaves), with f = fn eager and f = fn under
     torch.compile(fullgraph=True): (name, eager, compiled) per result."""
-    results = []
-    for f in (fn, torch.compile(fn, fullgraph=True, backend=backend)):
-        for t in leaves:
-            t.grad = None
-        out = call(f, leaves)
-        out.backward(g)
-        results.append([out.detach()] + [t.grad.clone() for t in leaves])
+    results = list(eager_and_compiled(fn, torch.compile(fn, fullgraph=True, backend=backend), leaves, g, call))
     torch._dynamo.reset()
-    return zip(("out", "dx", "drouter", "dw1", "dw2"), *results)
+    return results
 
 
 # aot_eager runs the traced, partitioned graphs on the same ops (results identical to eager);
@@ -235,15 +229,7 @@ def test_torch_compile_dynamic_tokens_one_graph(kernels, routing):
         for i, T in enumerate((96, 160, 300)):
             leaves = layer_leaves(T, 64, 32, 8, "emulated-dynamic", routing, T)
             g = torch.randn(T, 64, generator=generator("cpu", "g-dynamic", routing, T)).bfloat16()
-            results = []
-            for fn in (layer, compiled):
-                for t in leaves:
-                    t.grad = None
-                with torch._dynamo.config.patch(error_on_recompile=i > 0):
-                    out = fn(*leaves)
-                out.backward(g)
-                results.append([out.detach()] + [t.grad.clone() for t in leaves])
-            for name, eager, comp in zip(("out", "dx", "drouter", "dw1", "dw2"), *results):
+            for name, eager, comp in eager_and_compiled(layer, compiled, leaves, g, may_recompile=i == 0):
                 assert torch.equal(comp, eager), (T, name)
     finally:
         torch._dynamo.reset()

@@ -41,6 +41,21 @@ def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
+def eager_and_compiled(fn, compiled, leaves, grad, call=lambda f, leaves: f(*leaves), may_recompile=True):
+    """(name, eager, compiled) for the output and each leaf's gradient of call(f, leaves), f = fn
+    and f = compiled, backward from grad; may_recompile=False: the compiled call must reuse a
+    graph it has (torch._dynamo's error_on_recompile). Leaves: (x, router, w1, w2)."""
+    results = []
+    for f in (fn, compiled):
+        for t in leaves:
+            t.grad = None
+        with torch._dynamo.config.patch(error_on_recompile=not may_recompile):
+            out = call(f, leaves)
+        out.backward(grad)
+        results.append([out.detach()] + [t.grad.clone() for t in leaves])
+    return zip(("out", "dx", "drouter", "dw1", "dw2"), *results)
+
+
 def reference_top_k(leaves, experts, routing, g):
     """float64 autograd of the reference layer on leaves (x, router, w1, w2) with the given routing
     decisions (T, K), backward from g: its output and its leaves, which hold the gradients."""
@@ -361,15 +376,7 @@ def test_torch_compile_fullgraph_forward_and_backward(routing):
     def layer(x, router, w1, w2):
         return sonicmoe.moe(x, router, w1, w2, K, routing=routing, **opts)
 
-    compiled = torch.compile(layer, fullgraph=True)
-    results = []
-    for fn in (layer, compiled):
-        for t in leaves:
-            t.grad = None
-        out = fn(*leaves)
-        out.backward(grad)
-        results.append([out.detach()] + [t.grad.clone() for t in leaves])
-    for name, eager, comp in zip(("out", "dx", "drouter", "dw1", "dw2"), *results):
+    for name, eager, comp in eager_and_compiled(layer, torch.compile(layer, fullgraph=True), leaves, grad):
         assert rel(comp, eager) <= 1e-2, name
 
 
@@ -391,15 +398,7 @@ def test_torch_compile_dynamic_tokens_one_graph(routing):
             gen = generator("cuda", "compile-dynamic", routing, T)
             leaves = [t.requires_grad_(True) for t in make_layer(T, d, n, E, "cuda", gen)]
             grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
-            results = []
-            for fn in (layer, compiled):
-                for t in leaves:
-                    t.grad = None
-                with torch._dynamo.config.patch(error_on_recompile=i > 0):
-                    out = fn(*leaves)
-                out.backward(grad)
-                results.append([out.detach()] + [t.grad.clone() for t in leaves])
-            for name, eager, comp in zip(("out", "dx", "drouter", "dw1", "dw2"), *results):
+            for name, eager, comp in eager_and_compiled(layer, compiled, leaves, grad, may_recompile=i == 0):
                 assert rel(comp, eager) <= 1e-2, (T, name)
     finally:
         torch._dynamo.reset()
