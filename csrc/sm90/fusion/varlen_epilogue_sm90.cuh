@@ -108,6 +108,15 @@ __device__ __forceinline__ bool h_block_in_fragment_order(int col, int n) {
   return col - 8 * int(threadIdx.x % 4) + kHBlockCols <= n;
 }
 
+// This lane's gate and up chunks of H at half column `col`, between H's stored order and the
+// accumulator's layout (either way: the quad transpose is its own inverse): nothing to do in a
+// whole 32-column block, a transpose in a trailing partial one (stored in column order).
+__device__ __forceinline__ void reorder_h_chunks(uint32_t (&gate4)[4], uint32_t (&up4)[4], int col, int n) {
+  if (h_block_in_fragment_order(col, n)) return;
+  quad_transpose(gate4);
+  quad_transpose(up4);
+}
+
 // How a bf16 result tile leaves registers. kStaged: through the warpgroup's shared-memory tile,
 // two named barriers per window, then 16-byte row chunks. kQuadTranspose: the bf16 pairs of 4
 // consecutive column groups are transposed across the quad and each lane stores one group's 8
@@ -407,10 +416,7 @@ struct SwiGLUEpilogue {
           quad_transpose(act4);
           if (ok) store_16B(p.a + row * p.n + col, act4);
           if (p.h != nullptr) {
-            if (!h_block_in_fragment_order(col, p.n)) {  // a trailing partial block: column order
-              quad_transpose(gate4);
-              quad_transpose(up4);
-            }
+            reorder_h_chunks(gate4, up4, col, p.n);  // the accumulator's layout to H's stored order
             if (ok) {
               store_16B(p.h + row * h_pitch + col, gate4);
               store_16B(p.h + row * h_pitch + p.n + col, up4);
@@ -611,9 +617,7 @@ struct DSwiGLUEpilogue : DSwiGLUColumns<kTileN> {
           }
           CUTLASS_PRAGMA_UNROLL
           for (int q = 0; q < kBatch / 4; ++q) {
-            if (h_block_in_fragment_order(col0 + quad_chunk_col(coords, v1, j0 + 4 * q, m), p.n)) continue;
-            quad_transpose(g4[q]);
-            quad_transpose(u4[q]);
+            reorder_h_chunks(g4[q], u4[q], col0 + quad_chunk_col(coords, v1, j0 + 4 * q, m), p.n);
           }
           // Results of 4 column groups at a time, transposed across the quad so each lane
           // stores one group's 8 columns as a 16-byte chunk (a warp store: 8 rows x 64 bytes,
@@ -743,10 +747,7 @@ struct DSwiGLUSmemSourceEpilogue : DSwiGLUColumns<kTileN> {
           uint32_t g4[4], u4[4];
           load_shared_16B(g4, gate_base + offset);
           load_shared_16B(u4, up_base + offset);
-          if (!h_block_in_fragment_order(col, p.n)) {
-            quad_transpose(g4);
-            quad_transpose(u4);
-          }
+          reorder_h_chunks(g4, u4, col, p.n);
           uint32_t dg4[4], du4[4], as4[4];
           dswiglu_groups(accum, v1, 0, j0, score[v1], g4, u4, dg4, du4, as4, d_score[v1]);
           quad_transpose(dg4);
