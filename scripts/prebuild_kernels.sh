@@ -26,13 +26,8 @@ build() {  # build NAME: the kernel library of the tree as it is now, kept as $O
     { tail -n 30 "build/prebuild-$1.log"; return 1; }
   mkdir -p "$OUT/$1"
   cp build/cmake/libsonicmoe_kernels.a "$OUT/$1/"
-  csrc_digest > "$OUT/$1/csrc.md5"  # what it was built from: check it before linking it elsewhere
+  bash scripts/kernel_sources_digest.sh > "$OUT/$1/csrc.md5"  # what it was built from: check before linking
   echo "== $1: $(grep -c 'Building CUDA' "build/prebuild-$1.log" || true) kernel units, $((SECONDS - t)) s"
-}
-
-csrc_digest() {  # one md5 over the library's sources: csrc/ but the torch layer, csrc/torch/ (a GPU
-  # machine's copy of the tree has no .git); the device scripts compute the same
-  find csrc -type f -not -path 'csrc/torch/*' | LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-32
 }
 
 change_stage=$(mktemp -d)
