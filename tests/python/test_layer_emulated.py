@@ -221,13 +221,15 @@ def test_torch_compile_dynamic_tokens_one_graph(kernels, routing):
     # With T dynamic the layer compiles once for every token count (a trainer's varying batch):
     # nothing in it specialises on T (token rounding's row bound follows T, so dense_layout takes
     # it as a SymInt). aot_eager runs the same ops as eager, so every result matches exactly.
+    # Only T is marked dynamic (test_moe.py's GPU twin says why not dynamic=True).
     def layer(x, router, w1, w2):
         return sonicmoe.moe(x, router, w1, w2, 2, routing=routing, tile=16)
 
-    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     try:
         for i, T in enumerate((96, 160, 300)):
             leaves = layer_leaves(T, 64, 32, 8, "emulated-dynamic", routing, T)
+            torch._dynamo.mark_dynamic(leaves[0], 0)
             g = torch.randn(T, 64, generator=generator("cpu", "g-dynamic", routing, T)).bfloat16()
             for name, eager, comp in eager_and_compiled(layer, compiled, leaves, g, may_recompile=i == 0):
                 assert torch.equal(comp, eager), (T, name)

@@ -386,17 +386,22 @@ def test_torch_compile_dynamic_tokens_one_graph(routing):
     # One graph for every token count (T dynamic: nothing specialises on it; token rounding's
     # row bound reaches dense_layout as a SymInt), and it matches eager at each. Token rounding
     # rounds up to tile = 1024 >= T: every chosen expert takes all T tokens, no ranking (see above).
+    # Only T is marked dynamic, as a trainer's varying batch is: dynamic=True would make E dynamic
+    # too (the weights are graph inputs here), and Inductor then builds the router's softmax
+    # backward as a persistent reduction of 1024 columns at XBLOCK 128 on 2 warps (configs picked
+    # for E's hint, 16), which ptxas did not finish in 100 s on the H200 (session 23).
     d, n, E, K = 256, 128, 16, 2
     opts = dict(tile=1024, rule="up") if routing == "token_rounding" else {}
 
     def layer(x, router, w1, w2):
         return sonicmoe.moe(x, router, w1, w2, K, routing=routing, **opts)
 
-    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    compiled = torch.compile(layer, fullgraph=True)
     try:
         for i, T in enumerate((512, 640, 1000)):
             gen = generator("cuda", "compile-dynamic", routing, T)
             leaves = [t.requires_grad_(True) for t in make_layer(T, d, n, E, "cuda", gen)]
+            torch._dynamo.mark_dynamic(leaves[0], 0)
             grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
             for name, eager, comp in eager_and_compiled(layer, compiled, leaves, grad, may_recompile=i == 0):
                 assert rel(comp, eager) <= 1e-2, (T, name)
