@@ -59,6 +59,10 @@ def quantiles(x, qs):
 
 def summarize(rec, event_us, cooperative):
     # One record per tile: a cooperative tile's two warpgroups run one mainloop together.
+    # Stamps that are not ordered were not written (or were overwritten): counted, dropped.
+    ordered = (rec[:, 0] > 0) & (rec[:, 1] >= rec[:, 0]) & (rec[:, 2] >= rec[:, 1]) & (rec[:, 3] >= rec[:, 2])
+    bad = int((~ordered).sum())
+    rec = rec[ordered]
     _, first = np.unique(rec[:, 8].numpy(), return_index=True)
     rec = rec[torch.from_numpy(np.sort(first))]
     ns, cyc = rec[:, 0:4].double(), rec[:, 4:8].double()
@@ -80,7 +84,7 @@ def summarize(rec, event_us, cooperative):
     instants = t0 + torch.linspace(0, 1, 4000, dtype=torch.float64) * (ns[:, 3].max() - t0)
     in_epi = ((ns[None, :, 2] <= instants[:, None]) & (instants[:, None] < ns[None, :, 3])).sum(1).double()
     ctas = len(sms)
-    row = dict(event=event_us, span=span_us, ghz=ghz, records=len(rec), ctas=ctas,
+    row = dict(event=event_us, span=span_us, ghz=ghz, records=len(rec), bad=bad, ctas=ctas,
                mma=float(mma.median()), epi=float(epi.median()), wait=float(wait.median()),
                busy=sum(busy) / len(busy), in_epi=float(in_epi.mean()),
                in_epi_p10_p90=quantiles(in_epi, [0.1, 0.9]),
@@ -120,7 +124,8 @@ def main():
             p10, p90 = s["in_epi_p10_p90"]
             print(f"{name:18} {short:8} {s['event']:7.0f} {s['span']:7.0f} {s['ghz']:5.2f} {s['mma']:6.1f} "
                   f"{s['epi']:6.1f} {s['wait']:6.1f} {s.get('idle', float('nan')):6.1f} {s['busy']:5.2f} "
-                  f"{s['in_epi']:8.1f} {p10:5.0f} {p90:5.0f} {s['in_epi_over_3_4']:5.2f}", flush=True)
+                  f"{s['in_epi']:8.1f} {p10:5.0f} {p90:5.0f} {s['in_epi_over_3_4']:5.2f}  ({s['records']} tiles, "
+                  f"{s['ctas']} CTAs, {s['bad']} bad)", flush=True)
     print("(µs; mma / epi / wait / idle per tile, medians; busy: the mainloops' share of each SM's span; "
           "in_epi: CTAs in an epilogue at once, of the grid's)")
 
