@@ -11,6 +11,8 @@ Variants (each a set of overrides of sonicmoe.functional while its step runs):
   k4_c2x1    K4 on the clustered wide tile (config 10) wherever n % 256 == 0;
   k4_rule_s13  K4 on ping-pong 128 x 128 at d < 4096 (session 13's rule; the tree's takes the
              clustered wide tile from d 2048);
+  k4_pp      K4 on ping-pong 128 x 128 at every shape (for a build whose ping-pong K4 changed:
+             experiments/k4_pingpong_c2x1.diff, gather_l2_prefetch.diff);
   k6_c2x1    K6 on the clustered wide tile wherever d % 256 == 0;
   k2_co, k2_c2x1  (forward) K2 on the varlen wide tile, unclustered / clustered, where d % 256 == 0;
   k1_co, k1_c2x1  (forward) K1 on the wide tile unclustered / clustered wherever n % 128 == 0;
@@ -108,6 +110,7 @@ OVERRIDES = {
     "k5k7_all": {"_dw2_on_k5": lambda n: True, "_dw1_on_k7": lambda n: True},
     "k4_c2x1": {"down_proj_grad": _with_tile(_ops.down_proj_grad, WIDE_C2X1, _k4_n_fits)},
     "k4_rule_s13": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", _k4_below_4096)},
+    "k4_pp": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", lambda *a, **k: True)},
     "k6_c2x1": {"grouped_gemm_kn": _with_tile(_ops.grouped_gemm_kn, WIDE_C2X1, _k6_fits)},
     "k2_co": {"grouped_gemm": _with_tile(_ops.grouped_gemm, "varlen_cooperative_128x256x64", _k2_fits)},
     "k2_c2x1": {"grouped_gemm": _with_tile(_ops.grouped_gemm, WIDE_C2X1, _k2_fits)},
