@@ -60,11 +60,11 @@ def quantiles(x, qs):
 
 
 def summarize(rec, event_us, cooperative):
-    # One record per tile: a cooperative tile's two warpgroups run one mainloop together.
     # Stamps that are not ordered were not written (or were overwritten): counted, dropped.
     ordered = (rec[:, 0] > 0) & (rec[:, 1] >= rec[:, 0]) & (rec[:, 2] >= rec[:, 1]) & (rec[:, 3] >= rec[:, 2])
     bad = int((~ordered).sum())
     rec = rec[ordered]
+    # One record per tile: a cooperative tile's two warpgroups run one mainloop together.
     _, first = np.unique(rec[:, 8].numpy(), return_index=True)
     rec = rec[torch.from_numpy(np.sort(first))]
     ns, cyc = rec[:, 0:4].double(), rec[:, 4:8].double()
