@@ -11,8 +11,7 @@ Variants (each a set of overrides of sonicmoe.functional while its step runs):
   k4_c2x1    K4 on the clustered wide tile (config 10) wherever n % 256 == 0;
   k4_rule_s13  K4 on ping-pong 128 x 128 at d < 4096 (session 13's rule; the tree's takes the
              clustered wide tile from d 2048);
-  k4_pp      K4 on ping-pong 128 x 128 at every shape (for a build whose ping-pong K4 changed:
-             experiments/k4_pingpong_c2x1.diff, gather_l2_prefetch.diff);
+  k4_pp      K4 on ping-pong 128 x 128 at every shape (for a build whose ping-pong K4 changed);
   k6_c2x1    K6 on the clustered wide tile wherever d % 256 == 0;
   k2_co, k2_c2x1  (forward) K2 on the varlen wide tile, unclustered / clustered, where d % 256 == 0;
   k1_co, k1_c2x1  (forward) K1 on the wide tile unclustered / clustered wherever n % 128 == 0;
