@@ -12,9 +12,11 @@
 namespace sonicmoe {
 namespace {
 
+// The tiles whose gathered side is 128 wide: 8 gathering A, 9 gathering B, 10 either, clustered.
 bool cooperative_weight_grad(GemmTileConfig config) {
   return config == GemmTileConfig::kVarlenCooperative128x256x64 ||
-         config == GemmTileConfig::kVarlenCooperative256x128x64;
+         config == GemmTileConfig::kVarlenCooperative256x128x64 ||
+         config == GemmTileConfig::kVarlenCooperative128x256x64C2x1;
 }
 
 }  // namespace
@@ -40,8 +42,10 @@ std::string check_weight_grad(const WeightGradParams& p) {
   if (!cooperative && p.config != GemmTileConfig::kAuto && p.config != GemmTileConfig::kVarlenPingpong128x128x64)
     return rule("config", static_cast<int>(p.config),
                 "must be 0 (auto), 7 (varlen_pingpong_128x128x64), 8 (varlen_cooperative_128x256x64, "
-                "gather_a) or 9 (varlen_cooperative_256x128x64, gather_b)");
-  if (cooperative && (p.config == GemmTileConfig::kVarlenCooperative128x256x64) != p.gather_a)
+                "gather_a), 9 (varlen_cooperative_256x128x64, gather_b) or 10 "
+                "(varlen_cooperative_128x256x64_c2x1, either: 8 or 9 in 2 x 1 clusters)");
+  if (cooperative && p.config != GemmTileConfig::kVarlenCooperative128x256x64C2x1 &&
+      (p.config == GemmTileConfig::kVarlenCooperative128x256x64) != p.gather_a)
     return rule("config", static_cast<int>(p.config),
                 p.gather_a ? "must not be 9 with gather_a: the gathered side of a cooperative tile is 128 wide "
                              "(8, varlen_cooperative_128x256x64)"
@@ -63,8 +67,11 @@ Status run_weight_grad(const WeightGradParams& p) {
   // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA
   // cannot describe an empty tensor).
   const GemmTileConfig config = p.config == GemmTileConfig::kAuto
-                                    ? sm90::choose_weight_grad_config(p.gather_a, p.partial_rows, p.m_total)
+                                    ? sm90::choose_weight_grad_config(p.gather_a, p.partial_rows, p.m_total,
+                                                                      p.num_experts)
                                     : p.config;
+  if (config == GemmTileConfig::kVarlenCooperative128x256x64C2x1 && p.m_total > 0)
+    return sm90::run_weight_grad_cooperative_c2x1(p);
   if (cooperative_weight_grad(config) && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
   return sm90::run_weight_grad(p);
 }

@@ -45,8 +45,10 @@ Status run_up_proj_cooperative_256x128(const UpProjParams& params);
 Status run_up_proj_cooperative_128x256_c2x1(const UpProjParams& params);
 
 // K5 / K7 (run_weight_grad of sonicmoe.h) once the host rules have passed: ping-pong 128 x 128,
-// or cooperative with the gathered side 128 wide (128 x 256 gathering A, 256 x 128 gathering B).
+// or cooperative with the gathered side 128 wide (128 x 256 gathering A, 256 x 128 gathering B),
+// alone or in 2 x 1 clusters sharing the 256-wide side.
 Status run_weight_grad(const WeightGradParams& params);
 Status run_weight_grad_cooperative(const WeightGradParams& params);
+Status run_weight_grad_cooperative_c2x1(const WeightGradParams& params);
 
 }  // namespace sonicmoe::sm90

@@ -116,12 +116,20 @@ class VarlenTileScheduler {
 // expert's rows [offsets[e], offsets[e+1]) of the sorted layout. Tiles are numbered expert by
 // expert, m block fastest; output row r of expert e is row e * m_out + r of the (E * m_out,
 // n_out) output. An expert without rows still gets its tiles: they store zeros.
-template <int kTileM>
+// With kClusterM = 2 the unit is a pair of m blocks 2 i, 2 i + 1 of one expert and n block, so
+// both tiles of a pair share the dense operand (multicast) and run the same k steps, which keeps
+// the two CTAs' stage rings in step. An odd m block count leaves the last pair's second tile past
+// m_out (rows = 0): that CTA runs the pipeline for its peer and stores nothing.
+template <int kTileM, int kClusterM = 1>
 class VarlenKTileScheduler {
+  static_assert(kClusterM == 1 || kClusterM == 2, "single CTAs or 2 x 1 clusters");
+
  public:
   __device__ VarlenKTileScheduler(const int32_t* expert_offsets, int num_experts, int m_out, int n_blocks)
       : offsets_(expert_offsets), m_out_(m_out), m_blocks_((m_out + kTileM - 1) / kTileM),
-        n_blocks_(n_blocks), total_(num_experts * m_blocks_ * n_blocks), next_tile_(static_cast<int>(blockIdx.x)) {}
+        m_units_((m_blocks_ + kClusterM - 1) / kClusterM), n_blocks_(n_blocks),
+        total_(num_experts * m_units_ * n_blocks), rank_(static_cast<int>(blockIdx.x) % kClusterM),
+        next_unit_(static_cast<int>(blockIdx.x) / kClusterM) {}
 
   template <class KernelParams>
   static __device__ VarlenKTileScheduler make(const KernelParams& p, int n_blocks) {
@@ -129,17 +137,17 @@ class VarlenKTileScheduler {
   }
 
   __device__ bool next(VarlenTile& tile) {
-    if (next_tile_ >= total_) return false;
-    const int per_expert = m_blocks_ * n_blocks_;
-    const int local = next_tile_ % per_expert;
-    tile.expert = next_tile_ / per_expert;
-    tile.m_block = local % m_blocks_;
-    tile.n_block = local / m_blocks_;
+    if (next_unit_ >= total_) return false;
+    const int per_expert = m_units_ * n_blocks_;
+    const int local = next_unit_ % per_expert;
+    tile.expert = next_unit_ / per_expert;
+    tile.m_block = (local % m_units_) * kClusterM + rank_;
+    tile.n_block = local / m_units_;
     tile.row_start = tile.expert * m_out_ + tile.m_block * kTileM;
-    tile.rows = min(kTileM, m_out_ - tile.m_block * kTileM);
+    tile.rows = max(0, min(kTileM, m_out_ - tile.m_block * kTileM));
     tile.k_start = __ldg(offsets_ + tile.expert);
     tile.k_rows = __ldg(offsets_ + tile.expert + 1) - tile.k_start;
-    next_tile_ += static_cast<int>(gridDim.x);
+    next_unit_ += static_cast<int>(gridDim.x) / kClusterM;
     return true;
   }
 
@@ -147,9 +155,11 @@ class VarlenKTileScheduler {
   const int32_t* offsets_;
   int m_out_;
   int m_blocks_;
+  int m_units_;  // m blocks per n block, in pairs when clustered
   int n_blocks_;
-  int total_;
-  int next_tile_;
+  int total_;    // units (tiles, or pairs) of the whole problem
+  int rank_;     // the CTA's rank in its cluster: which m block of a pair it runs
+  int next_unit_;
 };
 
 }  // namespace sonicmoe::sm90

@@ -14,7 +14,7 @@ Status run_weight_grad_with(const WeightGradParams& p) {
   // Staged stores: quad-transposed ones measured -1% to +3% here, no gain (docs/perf-notes.md, session 10).
   using Epilogue = cute::conditional_t<kTransposedOut, TransposedStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>,
                                        StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kStaged>>;
-  using Kernel = VarlenGemmKernel<Mainloop, Epilogue, VarlenKTileScheduler<Mainloop::kTileM>>;
+  using Kernel = VarlenGemmKernel<Mainloop, Epilogue, VarlenKTileScheduler<Mainloop::kTileM, Mainloop::kClusterM>>;
   using Element = cutlass::bfloat16_t;
   constexpr bool kGatherA = Mainloop::kGatherA;
   typename Kernel::Params params{};
@@ -35,6 +35,30 @@ Status run_weight_grad_with(const WeightGradParams& p) {
   params.m_out = static_cast<int>(p.m_out);
   return launch_varlen_k_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
                                       p.stream, p.partial_rows);
+}
+
+// K5 / K7 on cooperative tiles: the gathered operand 128 wide (cp.async), the other 256 wide by
+// TMA, so a gathered row chunk serves twice the FLOPs of a ping-pong tile: K5 (A = dO gathered)
+// on 128 x 256 x 64, K7 (B = x gathered) as the transposed problem on the same mainloop; 4 stages
+// of 48 KB; kClusterM 1 or 2 (2 x 1 clusters multicasting the TMA side). The 256-wide side has no
+// cp.async path: with partial_rows its rows up to a box past offsets[E] must be finite
+// (down_proj_grad zeroes kRowsZeroedPastEnd of them).
+template <int kClusterM>
+Status run_weight_grad_cooperative_with(const WeightGradParams& p) {
+  static_assert(kVarlenTileK <= kRowsZeroedPastEnd, "a TMA box reaches at most kVarlenTileK - 1 rows past the end");
+  using Mainloop = VarlenKMainloop<128, 256, kVarlenTileK, kVarlenCooperativeStages, /*gather_a=*/true,
+                                   /*tma_dense=*/true, /*consumers=*/2, kClusterM>;
+  if (p.gather_a) return run_weight_grad_with<Mainloop>(p);
+  // K7 in K5's shape: dW1[e]^T = x[gather]^T dH, x gathered on the 128-wide A side (the 256 x 128
+  // tile with two 64-row atoms per warpgroup ran 0.64-0.82x the gathered copy + torch._grouped_mm),
+  // stored transposed into (E, m_out, n_out).
+  WeightGradParams t = p;
+  t.a = p.b;
+  t.b = p.a;
+  t.m_out = p.n_out;
+  t.n_out = p.m_out;
+  t.gather_a = true;
+  return run_weight_grad_with<Mainloop, /*transposed_out=*/true>(t);
 }
 
 }  // namespace sonicmoe::sm90

@@ -31,15 +31,29 @@ TEST(WeightGradHost, accepts_the_cooperative_tile_matching_the_gathered_side) {
   p.gather_a = true;
   p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64;
   EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
+  p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64C2x1;  // clustered, either gather
+  EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
+  p.gather_a = false;
+  EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
 }
 
 TEST(WeightGradHost, auto_takes_the_cooperative_tile_of_the_gathered_side_where_every_row_is_written) {
   using sonicmoe::GemmTileConfig;
   using sonicmoe::sm90::choose_weight_grad_config;
-  EXPECT_EQ(choose_weight_grad_config(true, false, 1000), GemmTileConfig::kVarlenCooperative128x256x64);
-  EXPECT_EQ(choose_weight_grad_config(false, false, 1000), GemmTileConfig::kVarlenCooperative256x128x64);
-  EXPECT_EQ(choose_weight_grad_config(true, true, 1000), GemmTileConfig::kVarlenPingpong128x128x64);
-  EXPECT_EQ(choose_weight_grad_config(false, false, 0), GemmTileConfig::kVarlenPingpong128x128x64);
+  EXPECT_EQ(choose_weight_grad_config(true, false, 1000, 8), GemmTileConfig::kVarlenCooperative128x256x64);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 1000, 8), GemmTileConfig::kVarlenCooperative256x128x64);
+  EXPECT_EQ(choose_weight_grad_config(true, true, 1000, 8), GemmTileConfig::kVarlenPingpong128x128x64);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 0, 8), GemmTileConfig::kVarlenPingpong128x128x64);
+}
+
+TEST(WeightGradHost, auto_clusters_the_cooperative_tile_where_experts_average_2048_rows) {
+  using sonicmoe::GemmTileConfig;
+  using sonicmoe::sm90::choose_weight_grad_config;
+  // olmoe-1b-7b (4096 rows per expert), qwen3-30b-a3b (2048): clustered; paper-7b (1536): not.
+  EXPECT_EQ(choose_weight_grad_config(false, false, 32768 * 8, 64), GemmTileConfig::kVarlenCooperative128x256x64C2x1);
+  EXPECT_EQ(choose_weight_grad_config(true, false, 32768 * 8, 128), GemmTileConfig::kVarlenCooperative128x256x64C2x1);
+  EXPECT_EQ(choose_weight_grad_config(true, false, 24576 * 8, 128), GemmTileConfig::kVarlenCooperative128x256x64);
+  EXPECT_EQ(choose_weight_grad_config(false, true, 32768 * 8, 64), GemmTileConfig::kVarlenPingpong128x128x64);
 }
 
 TEST(WeightGradHost, accepts_anchor_shapes) {

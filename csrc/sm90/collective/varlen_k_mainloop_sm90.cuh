@@ -13,12 +13,18 @@
 // zero-filled rows of the gathered operand and add nothing, as long as they are finite. So
 // kTmaDense is for buffers whose every row was written (top-K routing); token rounding's
 // upper-bound buffers have unwritten rows past offsets[E] and take the cp.async path.
+// With kClusterM = 2 (cooperative, kTmaDense) a 2 x 1 cluster runs the two m blocks of a pair
+// (VarlenKTileScheduler), which read the same dense rows and columns: each CTA loads half of the
+// dense boxes and multicasts them to both, a third less L2 traffic per tile. A stage is then
+// written by both producers, so each consumer warp releases it in both CTAs, and a producer
+// drains its ring before its CTA exits.
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
 
+#include "cute/arch/cluster_sm90.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
 #include "cute/tensor.hpp"
@@ -30,7 +36,7 @@
 namespace sonicmoe::sm90 {
 
 template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kGatherA_, bool kTmaDense_,
-          int kConsumers_ = 1>
+          int kConsumers_ = 1, int kClusterM_ = 1>
 struct VarlenKMainloop {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
@@ -43,7 +49,7 @@ struct VarlenKMainloop {
   // whose TMA (dense) side is 256 wide and whose gathered side stays 128 wide: 128 x 256 when
   // A is gathered, 256 x 128 when B is, so each gathered row chunk serves twice the FLOPs.
   static constexpr int kConsumers = kConsumers_;
-  static constexpr int kClusterM = 1;  // no clusters: K5 / K7 read no operand both CTAs share
+  static constexpr int kClusterM = kClusterM_;  // CTAs sharing the dense operand by multicast
   static constexpr int kProducerThreads = 128;
   static constexpr int kBoxesB = 2;     // the epilogue's B box origins, unused here
   static constexpr int kBoxCols = 64;   // TMA box: 64 columns (one 128-byte swizzle row) ...
@@ -53,6 +59,7 @@ struct VarlenKMainloop {
   static_assert(kConsumers == 1 ? (kTileM == 128 && kTileN == 128)
                                 : (kConsumers == 2 && kTmaDense && kGatherCols == 128 && kDenseCols == 256),
                 "ping-pong 128 x 128, or cooperative with a 128-wide gathered and a 256-wide TMA side");
+  static_assert(kClusterM == 1 || (kClusterM == 2 && kConsumers == 2), "clusters on the cooperative tile");
 
   using Element = cutlass::bfloat16_t;
   // MN-major 64 x 8 swizzle atoms, k-atoms first (CUTLASS's order for MN-major operands).
@@ -74,7 +81,9 @@ struct VarlenKMainloop {
 
   // Full barrier arrivals per stage: one per copying thread, plus the TMA issuer's.
   static constexpr uint32_t kFullArrivals = kTmaDense ? 1 + kProducerThreads : kProducerThreads;
-  static constexpr uint32_t kEmptyArrivals = 4 * kConsumers;  // one per consumer warp
+  // One per consumer warp of every CTA whose producer writes the stage (the whole cluster).
+  static constexpr uint32_t kEmptyArrivals = 4 * kConsumers * kClusterM;
+  static constexpr uint16_t kClusterMask = (1u << kClusterM) - 1;  // multicast to every CTA
   static constexpr uint32_t kBytesDense = kDenseCols * kTileK * sizeof(Element);
 
   using SharedStorage = StageBuffers<Element, SmemLayoutA, SmemLayoutB>;
@@ -150,6 +159,7 @@ struct VarlenKMainloop {
     const char* gather_src = kGatherA ? src_a : src_b;
     const bool gather_col_ok = kGatherA ? col_a_ok : col_b_ok;
     const int32_t* idx = p.gather_idx + tile.k_start + row0;
+    const int rank = kClusterM == 1 ? 0 : static_cast<int>(cute::block_rank_in_cluster());
 
     // The rows of a k step are gather_idx entries: load them one step ahead, so their latency
     // hides behind the previous step's copies (loaded in the step itself, each stage waited ~8
@@ -181,8 +191,14 @@ struct VarlenKMainloop {
           const int col0 = kGatherA ? tile.n_block * kTileN : tile.m_block * kTileM;
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < kDenseCols / kBoxCols; ++i) {
-            SM90_TMA_LOAD_2D::copy(&p.tma_dense, &bar.full[stage], kCacheHint, dense_smem + i * kBoxCols * kTileK,
-                                   col0 + i * kBoxCols, tile.k_start + kt * kTileK);
+            if constexpr (kClusterM == 1) {
+              SM90_TMA_LOAD_2D::copy(&p.tma_dense, &bar.full[stage], kCacheHint, dense_smem + i * kBoxCols * kTileK,
+                                     col0 + i * kBoxCols, tile.k_start + kt * kTileK);
+            } else if (i % kClusterM == rank) {  // this CTA's share of the boxes, into both CTAs
+              SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_dense, &bar.full[stage], kClusterMask, kCacheHint,
+                                               dense_smem + i * kBoxCols * kTileK, col0 + i * kBoxCols,
+                                               tile.k_start + kt * kTileK);
+            }
           }
         }
       }
@@ -207,13 +223,20 @@ struct VarlenKMainloop {
 
   // Waits for the producer's last copies (a thread must not exit with cp.async in flight).
   static __device__ void load_tail() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-  template <class Barriers_>
-  static __device__ void drain(Barriers_&, int) {}  // no cluster: nothing to wait for
+  // In a cluster, the peer's consumers release this CTA's stages by remote arrivals until they
+  // finish: before the CTA may exit, its producer waits for every stage's release past its last
+  // fill. One thread suffices; without a cluster it returns.
+  static __device__ void drain(Barriers& bar, int iteration) {
+    if constexpr (kClusterM > 1) {
+      for (int i = iteration; i < iteration + kStages; ++i)
+        cutlass::arch::ClusterBarrier::wait(&bar.empty[i % kStages], ((i / kStages) & 1) ^ 1);
+    }
+  }
 
   template <class Accumulator, class Tile>
   static __device__ void mma(const Params& p, SharedStorage& s, Barriers& bar, Accumulator& accum,
                              const Tile& tile, int& iteration, int thread_idx_in_warpgroup) {
-    consume_stages<TiledMma, SmemLayoutA, SmemLayoutB, kStages, /*cp_async_operand=*/true>(
+    consume_stages<TiledMma, SmemLayoutA, SmemLayoutB, kStages, /*cp_async_operand=*/true, kClusterM>(
         s.a, s.b, bar.full, bar.empty, accum, k_tiles(p, tile), iteration, thread_idx_in_warpgroup);
   }
 };
