@@ -1,8 +1,9 @@
 """One small forward + backward of sonicmoe.moe on the kernels, for compute-sanitizer (memcheck,
 racecheck): top-K with an all-but-empty expert and ragged counts, then token rounding (tile 64,
-upper-bound buffers), at n 384 and at n 256 (where eager dW1 runs on K7); then K1, K2, K4 and K6
-on the 2 x 1 clustered tile (auto takes it only at d >= 3072), on ragged routing with an odd tile
-count (a pair's empty half) and on upper-bound buffers. scripts/h200_check.sh runs it under both
+upper-bound buffers), at n 384 and at n 256 (where eager dW1 runs on K7); then K1, K2, K4, K6, K5
+and K7 on the 2 x 1 clustered tile (auto takes it only at d >= 3072, and for K5 / K7 at 2048 rows
+per expert), on ragged routing with an odd tile count (a pair's empty half) and on upper-bound
+buffers. scripts/h200_check.sh runs it under both
 tools; on its own:
 
     PYTHONPATH=python compute-sanitizer --tool racecheck python3 scripts/sanitize_small.py
@@ -55,8 +56,15 @@ for partial in (False, True):
     d_h, a_scaled, d_s = down_proj_grad(d_out, w2, h, torch.rand(g.shape[0], device="cuda"), off, g,
                                         partial_rows=partial, tile_config=C2X1)
     dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=C2X1)
+    # K5 / K7 clustered: dW2's m blocks run over d = 256 (one pair), dW1's over x's width, 256 and
+    # 384 (3 m blocks: an odd count, the last pair's second tile past the output).
+    dw2 = sonicmoe.weight_grad(d_out, a_scaled, off, g, True, partial_rows=partial, tile_config=C2X1)
+    dw1 = sonicmoe.weight_grad(d_h, x.detach(), off, g, False, partial_rows=partial, tile_config=C2X1)
+    dw1_odd = sonicmoe.weight_grad(d_h, x.detach().repeat(1, 2)[:, :384].contiguous(), off, g, False,
+                                   partial_rows=partial, tile_config=C2X1)
     torch.cuda.synchronize()
     rows = int(off[-1])  # ok-host: a test script
     norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows)]
-    print("c2x1", "partial_rows" if partial else "exact rows", "h, a, y, d_h, a', dS, dx~ norms:",
+    norms += [t.float().norm().item() for t in (dw2, dw1, dw1_odd)]
+    print("c2x1", "partial_rows" if partial else "exact rows", "h, a, y, d_h, a', dS, dx~, dw2, dw1, dw1 (odd) norms:",
           " ".join(f"{v:.4g}" for v in norms))

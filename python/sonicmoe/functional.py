@@ -91,6 +91,18 @@ def _dw1_on_k7(n: int) -> bool:
     return n <= 1024
 
 
+# heuristics.h's kWeightGradClusterMinRows: K5 / K7 in 2 x 1 clusters where experts average this
+# many rows (session 25: 1-2.5% faster as kernels at 2048-4096 rows, 1-2% slower at 1536).
+_WEIGHT_GRAD_CLUSTER_MIN_ROWS = 2048
+
+
+def _weight_grad_tile(gather_a: bool, rows: int, num_experts: int) -> str:
+    """The layer's cooperative K5 (gather_a) / K7 tile for rows sorted rows over num_experts."""
+    if rows >= _WEIGHT_GRAD_CLUSTER_MIN_ROWS * num_experts:
+        return "varlen_cooperative_128x256x64_c2x1"
+    return "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
+
+
 def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows):
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
@@ -131,11 +143,13 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
             d_row_score
     ends = offsets[1:]
     if need_w2 and _dw2_on_k5(w2.shape[2]):
-        dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows, "varlen_cooperative_128x256x64")
+        dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows,
+                          _weight_grad_tile(True, gather_idx.shape[0], w2.shape[0]))
     elif need_w2:  # interim (K5): gathered copy of dO
         dw2 = torch._grouped_mm(d_out[gather_idx.long()].t(), a_scaled, offs=ends)
     if need_w1 and _dw1_on_k7(w2.shape[2]):
-        dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows, "varlen_cooperative_256x128x64")
+        dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows,
+                          _weight_grad_tile(False, gather_idx.shape[0], w2.shape[0]))
     elif need_w1:  # interim (K7): gathered copy of x
         dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends)
     return dx_rows, dw1, dw2, d_row_score

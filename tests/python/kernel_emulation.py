@@ -83,7 +83,8 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
 
 
 _COOPERATIVE_WEIGHT_GRAD = {_ops.GEMM_TILE_CONFIGS[c] for c in ("varlen_cooperative_128x256x64",
-                                                                  "varlen_cooperative_256x128x64")}
+                                                                  "varlen_cooperative_256x128x64",
+                                                                  "varlen_cooperative_128x256x64_c2x1")}
 
 
 def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0):

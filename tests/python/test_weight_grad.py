@@ -27,10 +27,12 @@ def want_weight_grad(a, b, offsets, gather_idx, gather_a):
 
 
 # "auto": the cooperative tile whose gathered side is 128 wide (128 x 256 gathering A, 256 x 128
-# gathering B), ping-pong without rows; both spelled out too.
+# gathering B), ping-pong without rows; both spelled out too, and the cooperative tile in 2 x 1
+# clusters (auto's where experts average 2048 rows; partial 256-wide blocks and odd m block
+# counts here: a pair's second tile past m_out).
 @requires_hopper
 @pytest.mark.usefixtures("fp32_matmul_reference")
-@pytest.mark.parametrize("tile", ["auto", "pingpong", "cooperative"])
+@pytest.mark.parametrize("tile", ["auto", "pingpong", "cooperative", "cooperative_c2x1"])
 @pytest.mark.parametrize("gather_a", [True, False])
 @pytest.mark.parametrize("T,K,m_out,n_out,E,layout", [
     (700, 8, 1536, 256, 128, "ragged"),   # dW2 / dW1 shapes of paper-7b at small T
@@ -50,7 +52,8 @@ def test_weight_grad_matches_fp32(tile, gather_a, T, K, m_out, n_out, E, layout)
     a = torch.randn(T if gather_a else m_total, m_out, device="cuda", generator=gen).bfloat16()
     b = torch.randn(m_total if gather_a else T, n_out, device="cuda", generator=gen).bfloat16()
     tile_config = {"auto": "auto", "pingpong": "varlen_pingpong_128x128x64",
-                   "cooperative": "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"}[tile]
+                   "cooperative": "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64",
+                   "cooperative_c2x1": "varlen_cooperative_128x256x64_c2x1"}[tile]
     out = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, tile_config=tile_config)
     want = want_weight_grad(a, b, offsets, gather_idx, gather_a)
     assert out.shape == (E, m_out, n_out) and out.dtype == torch.bfloat16
@@ -80,12 +83,13 @@ def test_weight_grad_partial_rows_ignores_rows_past_the_last_offset():
 
 @requires_hopper
 @pytest.mark.usefixtures("fp32_matmul_reference")
+@pytest.mark.parametrize("clustered", [False, True])
 @pytest.mark.parametrize("gather_a", [True, False])
-def test_weight_grad_cooperative_partial_rows_with_the_rows_past_the_end_zeroed(gather_a):
+def test_weight_grad_cooperative_partial_rows_with_the_rows_past_the_end_zeroed(gather_a, clustered):
     # The cooperative tiles read the dense operand by 64-row TMA boxes, past offsets[E] too:
     # with kRowsZeroedPastEnd zero rows there (down_proj_grad's outputs) and NaN beyond, the
     # result matches the rows that exist, and the ping-pong partial_rows path.
-    gen = generator("wgrad-co-partial", gather_a)
+    gen = generator("wgrad-co-partial", gather_a, clustered)
     T, m_total, rows, m_out, n_out, E = 400, 1200, 701, 256, 128, 8
     offsets = offsets_from_counts(random_counts(rows, E, gen))
     gather_idx = torch.randint(0, T, (m_total,), device="cuda", generator=gen, dtype=torch.int32)
@@ -95,6 +99,7 @@ def test_weight_grad_cooperative_partial_rows_with_the_rows_past_the_end_zeroed(
     dense[rows + 64:] = float("nan")
     a, b = (gathered, dense) if gather_a else (dense, gathered)
     tile = "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
+    tile = "varlen_cooperative_128x256x64_c2x1" if clustered else tile
     out = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, partial_rows=True, tile_config=tile)
     pingpong = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, partial_rows=True)
     a_rows, b_rows = (a, b[:rows]) if gather_a else (a[:rows], b)
@@ -163,3 +168,11 @@ def _cpu_args(**change):
 def test_weight_grad_rejects_bad_arguments(change, error, message):
     with pytest.raises(error, match=re.escape(message)):
         torch.ops.sonicmoe.weight_grad(*_cpu_args(**change).values())
+
+
+def test_layer_weight_grad_tile_clusters_where_experts_average_2048_rows():
+    # The eager layer's K5 / K7 tile (functional._weight_grad_tile mirrors heuristics.h's rule).
+    tile = sonicmoe.functional._weight_grad_tile
+    assert tile(True, 32768 * 8, 64) == tile(False, 32768 * 8, 128) == "varlen_cooperative_128x256x64_c2x1"
+    assert tile(True, 24576 * 8, 128) == "varlen_cooperative_128x256x64"
+    assert tile(False, 24576 * 8, 128) == "varlen_cooperative_256x128x64"
