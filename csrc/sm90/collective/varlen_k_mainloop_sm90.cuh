@@ -223,14 +223,9 @@ struct VarlenKMainloop {
 
   // Waits for the producer's last copies (a thread must not exit with cp.async in flight).
   static __device__ void load_tail() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-  // In a cluster, the peer's consumers release this CTA's stages by remote arrivals until they
-  // finish: before the CTA may exit, its producer waits for every stage's release past its last
-  // fill. One thread suffices; without a cluster it returns.
+  // In a cluster, waits for the peer's last releases (StageBarriers::wait_all_released).
   static __device__ void drain(Barriers& bar, int iteration) {
-    if constexpr (kClusterM > 1) {
-      for (int i = iteration; i < iteration + kStages; ++i)
-        cutlass::arch::ClusterBarrier::wait(&bar.empty[i % kStages], ((i / kStages) & 1) ^ 1);
-    }
+    if constexpr (kClusterM > 1) bar.wait_all_released(iteration);
   }
 
   template <class Accumulator, class Tile>

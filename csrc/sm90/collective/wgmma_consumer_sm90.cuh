@@ -31,6 +31,14 @@ struct StageBarriers {
     }
     cutlass::arch::fence_barrier_init();
   }
+
+  // In a cluster the peer's consumers release this CTA's stages by remote arrivals until they
+  // finish: before the CTA may exit, its producer waits for every stage's release past its last
+  // fill (`iteration` = the CTA's k steps). One thread suffices.
+  __device__ void wait_all_released(int iteration) {
+    for (int i = iteration; i < iteration + kStages; ++i)
+      cutlass::arch::ClusterBarrier::wait(&empty[i % kStages], ((i / kStages) & 1) ^ 1);
+  }
 };
 
 // Copies 16 bytes global -> shared, or writes 16 zero bytes when !valid (nothing is read then).
