@@ -1,0 +1,87 @@
+"""Kernel list of sonicmoe.moe's training step under sustained load, against one isolated step.
+
+bench.py's layer figures come from steps queued back to back, where the card sits at its power
+cap (~700 W) and lowers its clock; a kernel timed alone, or in one isolated step, runs at a
+higher clock. This script runs the step (gradients unset, forward + backward) back to back for a
+few seconds, then profiles STEPS more of them in one queue, and prints every kernel's median
+duration in those steps beside its duration in one step run after the card idled a second:
+the kernels that stretch the most under the cap are the ones whose energy the step pays for.
+
+    python benchmarks/profile_sustained.py [--steps N] [--warm SECONDS] [CONFIG ...]
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+sys.path.insert(0, "python")  # run from the repository root
+sys.path.insert(0, "benchmarks")
+import sonicmoe
+from bench import cuda_events, layer_params, load_anchors
+
+_, _, CONFIGS = load_anchors()
+DEFAULT = ["paper-30b-n512", "qwen3-235b-a22b", "olmoe-1b-7b", "qwen3-30b-a3b", "paper-120b-n1024"]
+
+
+def short(name):
+    """A kernel's name without its template arguments' noise."""
+    for cut in ("<", "("):
+        if cut in name and not name.startswith("void sonicmoe"):
+            name = name.split(cut)[0]
+    return name.replace("void ", "")[:90]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warm", type=float, default=3.0, help="seconds of back-to-back steps first")
+    parser.add_argument("configs", nargs="*")
+    args = parser.parse_args()
+    for name in args.configs or DEFAULT:
+        T, d, n, E, K = (CONFIGS[name][k] for k in ("T", "d", "n", "E", "K"))
+        x, router, w1, w2 = layer_params(T, d, n, E)
+        grad = torch.randn(T, d, device="cuda").bfloat16()
+        params = (x, router, w1, w2)
+
+        def step():
+            for t in params:
+                t.grad = None
+            sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        time.sleep(1.0)
+        isolated = cuda_events(step)
+        per_step = len(isolated)
+        start = time.time()
+        while time.time() - start < args.warm:
+            for _ in range(4):
+                step()
+            torch.cuda.synchronize()
+        sustained = cuda_events(lambda: [step() for _ in range(args.steps)])
+        if len(sustained) != per_step * args.steps:
+            print(f"== {name}: {len(sustained)} events in {args.steps} steps, {per_step} in one: "
+                  "the steps differ, no per-kernel table")
+            continue
+        rows = []
+        for i, e in enumerate(isolated):
+            times = [sustained[s * per_step + i].device_time for s in range(args.steps)]
+            rows.append((e.device_time, statistics.median(times), short(e.name)))
+        spans = [sustained[(s + 1) * per_step - 1].time_range.end - sustained[s * per_step].time_range.start
+                 for s in range(args.steps - 1)]
+        iso_sum, sus_sum = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        flops = 18.0 * T * K * d * n  # spans are in µs
+        print(f"== {name}: {per_step} kernels per step; kernel time isolated {iso_sum / 1e3:.3f} ms, "
+              f"sustained {sus_sum / 1e3:.3f} ms ({sus_sum / iso_sum:.3f}x); sustained step span median "
+              f"{statistics.median(spans) / 1e3:.3f} ms ({flops / statistics.median(spans) / 1e6:.1f} TF fwd+bwd)")
+        print(f"  {'isolated us':>11} {'sustained':>10} {'ratio':>6} {'share':>6}  kernel")
+        for iso, sus, kname in rows:
+            print(f"  {iso:11.1f} {sus:10.1f} {sus / iso:6.3f} {sus / sus_sum:6.3f}  {kname}")
+        del x, router, w1, w2, grad, params
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
