@@ -10,6 +10,7 @@ the kernels that stretch the most under the cap are the ones whose energy the st
     python benchmarks/profile_sustained.py [--steps N] [--warm SECONDS] [CONFIG ...]
 """
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -25,11 +26,12 @@ DEFAULT = ["paper-30b-n512", "qwen3-235b-a22b", "olmoe-1b-7b", "qwen3-30b-a3b", 
 
 
 def short(name):
-    """A kernel's name without its template arguments' noise."""
-    for cut in ("<", "("):
-        if cut in name and not name.startswith("void sonicmoe"):
-            name = name.split(cut)[0]
-    return name.replace("void ", "")[:90]
+    """A kernel's name without namespaces; template arguments are kept (they tell the varlen
+    kernels apart: mainloop and epilogue), function parameters dropped."""
+    name = re.sub(r"\(anonymous namespace\)::|\b\w+::", "", name.replace("void ", ""))
+    if "<" not in name:
+        name = name.split("(")[0]
+    return name[:110]
 
 
 def main():
@@ -72,10 +74,10 @@ def main():
         spans = [sustained[(s + 1) * per_step - 1].time_range.end - sustained[s * per_step].time_range.start
                  for s in range(args.steps - 1)]
         iso_sum, sus_sum = sum(r[0] for r in rows), sum(r[1] for r in rows)
-        flops = 18.0 * T * K * d * n  # spans are in µs
+        flops = 18.0 * T * K * d * n
         print(f"== {name}: {per_step} kernels per step; kernel time isolated {iso_sum / 1e3:.3f} ms, "
               f"sustained {sus_sum / 1e3:.3f} ms ({sus_sum / iso_sum:.3f}x); sustained step span median "
-              f"{statistics.median(spans) / 1e3:.3f} ms ({flops / statistics.median(spans) / 1e6:.1f} TF fwd+bwd)")
+              f"{statistics.median(spans) / 1e3:.3f} ms ({flops / statistics.median(spans) / 1e6:.1f} TF fwd+bwd)")  # spans in µs
         print(f"  {'isolated us':>11} {'sustained':>10} {'ratio':>6} {'share':>6}  kernel")
         for iso, sus, kname in rows:
             print(f"  {iso:11.1f} {sus:10.1f} {sus / iso:6.3f} {sus / sus_sum:6.3f}  {kname}")
