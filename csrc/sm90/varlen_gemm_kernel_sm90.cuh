@@ -57,6 +57,11 @@ struct VarlenGemmKernel {
   // in its k loop (ncu: ~0.9M local-memory requests per call, K1 stalled on them).
   static constexpr int kProducerRegs = Mainloop::kCpAsyncProducer ? 72 : 40;
   static constexpr int kConsumerRegs = Mainloop::kCpAsyncProducer ? 216 : 232;
+  // setmaxnreg.inc takes registers from those the CTA has released: a thread starts with 168 (64K
+  // over 384 threads, in steps of 8), so the budgets may add up to 3 x 168, not 512 (a kernel
+  // asking for more hangs in its consumers' first setmaxnreg: docs/perf-notes.md, session 27).
+  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+  static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * kEntryRegs, "more registers than the CTA starts with");
   using EpilogueSmem = typename EpilogueSmemOf<Epilogue>::type;
   static constexpr size_t kEpilogueSmemAlign = alignof(EpilogueSmem) > 16 ? alignof(EpilogueSmem) : 16;
 
