@@ -21,6 +21,8 @@ moe_backward reads the same for the layer's training step and its forward, and t
 energy per step: at the H200's power cap a training step is energy-bound (docs/perf-notes.md,
 session 14), so a kernel change pays in the layer by the energy it saves per call more than by
 its time alone, and the step's clock says whether a config runs at the cap.
+With --settle MS every timed window follows MS ms of its own part's calls, untimed, so that a
+reading is not its neighbour's power history (docs/perf-notes.md, session 30).
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -122,18 +125,34 @@ def rel_error(out, a, b, offs, experts_to_check=4):
     return (num / den) ** 0.5
 
 
-def time_interleaved(fns, rounds=9, iters=40):
+# --settle: ms of back-to-back calls of a fn, queued ahead of each of its timed windows.
+SETTLE_MS = 0.0
+
+
+def time_interleaved(fns, rounds=9, iters=40, settle_ms=None):
     """Median ms of each fn over rounds of back-to-back runs. The fns take turns and the order
     rotates every round, so clock and thermal drift and position in the round hit every
-    implementation alike."""
+    implementation alike. With settle_ms (default SETTLE_MS, --settle) each window follows that
+    much of the fn's own work, untimed: the card's power control remembers at least the last
+    75 ms, so a short window after a hungrier neighbour reads up to 6% slow, one after an idle
+    gap up to 15% fast (docs/perf-notes.md, session 30)."""
+    settle_ms = SETTLE_MS if settle_ms is None else settle_ms
     names = list(fns)
     samples = {name: [] for name in names}
-    for fn in fns.values():
-        time_ms(fn, warmup=5, iters=2)
+    per_call = {name: time_ms(fn, warmup=5, iters=2) for name, fn in fns.items()}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            for _ in range(settle_calls(settle_ms, per_call[name])):
+                fns[name]()
             samples[name].append(time_ms(fns[name], warmup=2, iters=iters))
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def settle_calls(settle_ms, ms_per_call):
+    """Calls of about ms_per_call that fill settle_ms (none for 0; at most 10000)."""
+    if settle_ms <= 0:
+        return 0
+    return min(10000, max(1, math.ceil(settle_ms / max(ms_per_call, 1e-3))))
 
 
 def bench_down_projection(name, cfg, tiles):
@@ -328,6 +347,21 @@ def expert_inputs(cfg):
     return x, w1, w2, meta.expert_offsets, meta.gather_idx
 
 
+def backward_inputs(cfg):
+    """expert_inputs plus what the backward's kernels read: H (up_proj's), a random dO and row
+    scores, and K4's dH and A' from them; a dict by the kernels' argument names."""
+    from sonicmoe._ops import down_proj_grad
+
+    T, d, K = cfg["T"], cfg["d"], cfg["K"]
+    x, w1, w2, off, g = expert_inputs(cfg)
+    h, _ = sonicmoe.up_proj(x, w1, off, g)
+    d_out = torch.randn(T, d, device="cuda").bfloat16()
+    row_score = torch.rand(T * K, device="cuda")
+    d_h, a_scaled, _ = down_proj_grad(d_out, w2, h, row_score, off, g)
+    return dict(x=x, w1=w1, w2=w2, off=off, g=g, h=h, d_out=d_out, row_score=row_score, d_h=d_h,
+                a_scaled=a_scaled)
+
+
 def bench_backward_kernels(name, cfg, parts=None):
     """The backward's GEMMs one by one at a config (balanced random routing), with the interim
     weight-gradient path (gathered copy + torch._grouped_mm) beside K5/K7 in the same run; parts:
@@ -335,11 +369,9 @@ def bench_backward_kernels(name, cfg, parts=None):
     from sonicmoe._ops import down_proj_grad, grouped_gemm_kn, weight_grad
 
     T, d, n, K = cfg["T"], cfg["d"], cfg["n"], cfg["K"]
-    x, w1, w2, off, g = expert_inputs(cfg)
-    h, _ = sonicmoe.up_proj(x, w1, off, g)
-    d_out = torch.randn(T, d, device="cuda").bfloat16()
-    row_score = torch.rand(T * K, device="cuda")
-    d_h, a_scaled, _ = down_proj_grad(d_out, w2, h, row_score, off, g)
+    i = backward_inputs(cfg)
+    x, w1, w2, off, g, h = i["x"], i["w1"], i["w2"], i["off"], i["g"], i["h"]
+    d_out, row_score, d_h, a_scaled = i["d_out"], i["row_score"], i["d_h"], i["a_scaled"]
     gemm = 2.0 * T * K * d * n  # one d x n GEMM over the T*K rows
     fns = {
         "K4_down_proj_grad": (lambda: down_proj_grad(d_out, w2, h, row_score, off, g), gemm),
@@ -631,10 +663,16 @@ def main():
     parser.add_argument("--energy", action="store_true", help="forward_kernels / backward_kernels / moe_backward: "
                         "also the card's mean power and SM clock while each part (the layer's step) runs back to "
                         "back, and its energy per call (NVML)")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="MS", help="queue MS ms of each part's "
+                        "(layer's) own calls ahead of each of its timed windows, so that a reading is its own "
+                        "steady state and not its neighbour's power history (e.g. 250; default 0)")
     args = parser.parse_args()
-    global PROFILE_ONE_CALL, MEASURE_ENERGY
+    global PROFILE_ONE_CALL, MEASURE_ENERGY, SETTLE_MS
     PROFILE_ONE_CALL = args.profile
     MEASURE_ENERGY = args.energy
+    if args.settle < 0:
+        parser.error(f"--settle: {args.settle} ms must be >= 0")
+    SETTLE_MS = args.settle
     parts = {p for p in args.parts.split(",") if p}
     known = {p for _, columns, _ in KERNEL_TABLES.values() for p in columns}
     if parts - known:

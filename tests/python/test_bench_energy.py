@@ -63,3 +63,23 @@ def test_energy_interleaved_medians_through_nvml(bench, monkeypatch):
     assert set(power) == {"a", "b"}
     for watts, mhz in power.values():
         assert watts == pytest.approx(650.0, rel=0.15) and mhz == 1410
+
+
+def test_settle_calls_fill_the_settle_time(bench):
+    assert bench.settle_calls(0, 2.5) == 0
+    assert bench.settle_calls(250, 2.5) == 100
+    assert bench.settle_calls(250, 300.0) == 1  # a call longer than the settle time: one
+    assert bench.settle_calls(250, 0.0) == 10000  # a call too short to time: capped
+
+
+def test_time_interleaved_settles_each_window_on_its_own_part(bench, monkeypatch):
+    monkeypatch.setattr(bench, "time_ms", lambda fn, warmup=10, iters=100: 2.0)
+    calls = {"a": 0, "b": 0}
+    fns = {k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}
+    assert bench.time_interleaved(fns, rounds=3, iters=4) == {"a": 2.0, "b": 2.0}
+    assert calls == {"a": 0, "b": 0}  # time_ms (stubbed) makes every timed call; no settling
+    bench.time_interleaved(fns, rounds=3, iters=4, settle_ms=20)
+    assert calls == {"a": 30, "b": 30}  # 10 calls of 2 ms ahead of each of 3 windows
+    monkeypatch.setattr(bench, "SETTLE_MS", 8.0)
+    bench.time_interleaved(fns, rounds=2, iters=4)
+    assert calls == {"a": 38, "b": 38}
