@@ -1,6 +1,7 @@
 """benchmarks/bench.py's --energy readings on the CPU, against a fake energy counter and clock: the
 mean power over a window between two counter steps, the SM clock read inside it, and the rounds'
-medians. On the H200 they read NVML (docs/perf-notes.md, sessions 21-22)."""
+medians. On the H200 they read NVML (docs/perf-notes.md, sessions 21-22). Also the anchors'
+protocol (moe_anchor_protocol): the do_bench windows and the idle ahead of each, on a host clock."""
 
 import importlib
 import pathlib
@@ -83,3 +84,44 @@ def test_time_interleaved_settles_each_window_on_its_own_part(bench, monkeypatch
     monkeypatch.setattr(bench, "SETTLE_MS", 8.0)
     bench.time_interleaved(fns, rounds=2, iters=4)
     assert calls == {"a": 38, "b": 38}
+
+
+class ClockEvent:
+    """A CUDA event stand-in that reads the host clock: the fake work runs on the host."""
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def test_flushed_mean_ms_times_do_bench_windows(bench, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: ClockEvent())
+    counts = {"fn": 0, "flush": 0}
+
+    def fn():
+        counts["fn"] += 1
+        time.sleep(0.002)
+
+    ms = bench.flushed_mean_ms(fn, warmup_ms=10, rep_ms=40, flush=lambda: counts.__setitem__("flush", counts["flush"] + 1))
+    assert ms == pytest.approx(2.0, rel=0.5)
+    repeats = counts["flush"] - 5  # the 5 estimating calls are flushed too, the warm-up ones not
+    assert 8 <= repeats <= 20  # about rep_ms / a call's time
+    warmups = counts["fn"] - 1 - 5 - repeats  # after the first call and the 5 estimating ones
+    assert 1 <= warmups <= 5  # about warmup_ms / a call's time
+
+
+def test_anchor_protocol_idles_before_its_window(bench, monkeypatch):
+    slept = []
+    monkeypatch.setattr(bench.time, "sleep", slept.append)
+    timer = lambda fn, warmup_ms, rep_ms: (fn(), warmup_ms, rep_ms)[1:]  # noqa: E731
+    assert bench.anchor_protocol_ms(lambda: None, timer) == (5.0, 500.0)
+    assert slept == [0.5]
+    bench.anchor_protocol_ms(lambda: None, timer, idle_s=0.0)
+    assert slept == [0.5, 0.0]
+
+
+def test_layer_data_names_are_checked(bench):
+    with pytest.raises(ValueError, match="data = 'zeros' breaks the rule"):
+        bench.layer_params(8, 8, 8, 2, data="zeros")
