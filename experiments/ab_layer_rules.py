@@ -25,11 +25,16 @@ Also prints the SM clock and power after each config's timing (NVML through torc
 
     python experiments/ab_layer_rules.py [--variants base,k5k7_all] [--configs olmoe-1b-7b,...]
     python experiments/ab_layer_rules.py --measure forward --variants base,k2_co,k2_c2x1 --configs qwen3-235b-a22b
+
+With --protocol anchor every figure is taken as the anchors' upstream figures were (bench.py's
+ANCHOR_PROTOCOL: a do_bench window after 0.5 s idle), the variants in rotating order each round;
+--data anchor runs on upstream's benchmark's values.
 """
 import argparse
 import contextlib
 import functools
 import pathlib
+import statistics
 import sys
 
 import torch
@@ -40,7 +45,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sonicmoe  # noqa: E402
 import sonicmoe.functional as F  # noqa: E402
 from sonicmoe import _ops  # noqa: E402
-from bench import layer_params, load_anchors, time_interleaved, upstream_anchor, warm_up_gpu  # noqa: E402
+from bench import (anchor_protocol_ms, anchor_protocol_timer, layer_params, load_anchors, time_interleaved,  # noqa: E402
+                   upstream_anchor, warm_up_gpu)
 
 WIDE_C2X1 = "varlen_cooperative_128x256x64_c2x1"
 
@@ -133,6 +139,17 @@ def overridden(name):
             setattr(F, k, v)
 
 
+def anchor_protocol_interleaved(fns, rounds):
+    """Median ms of each fn over rounds of anchor-protocol windows, the order rotating by round."""
+    _, timer = anchor_protocol_timer()
+    names = list(fns)
+    samples = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            samples[k].append(anchor_protocol_ms(fns[k], timer))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default="base,rules_s13,k5k7_all,k4_c2x1,k6_c2x1")
@@ -140,6 +157,8 @@ def main():
                                              "qwen3-235b-a22b,paper-7b-n1024,paper-7b-n256,deepseek-v3")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--measure", choices=("backward", "forward"), default="backward")
+    parser.add_argument("--protocol", choices=("sustained", "anchor"), default="sustained")
+    parser.add_argument("--data", choices=("bench", "anchor"), default="bench")
     args = parser.parse_args()
     _, data, configs = load_anchors()
     variants = args.variants.split(",")
@@ -149,7 +168,7 @@ def main():
     for name in args.configs.split(","):
         c = configs[name]
         T, d, n, E, K = c["T"], c["d"], c["n"], c["E"], c["K"]
-        x, router, w1, w2 = layer_params(T, d, n, E)
+        x, router, w1, w2 = layer_params(T, d, n, E, data=args.data)
         grad = torch.randn(T, d, device="cuda").bfloat16()
         params = (x, router, w1, w2)
 
@@ -166,7 +185,10 @@ def main():
         fns = {"fwd": lambda: sonicmoe.moe(x, router, w1, w2, K)} if args.measure == "backward" else {}
         timed = step if args.measure == "backward" else forward
         fns.update({v: functools.partial(timed, v) for v in variants})
-        ms = time_interleaved(fns, rounds=args.rounds, iters=5)
+        if args.protocol == "anchor":
+            ms = anchor_protocol_interleaved(fns, args.rounds)
+        else:
+            ms = time_interleaved(fns, rounds=args.rounds, iters=5)
         try:  # NVML (pynvml) may be missing
             clock, watts = torch.cuda.clock_rate(), f"{torch.cuda.power_draw() / 1e3:.0f}"
         except Exception as e:  # noqa: BLE001
