@@ -86,30 +86,42 @@ def test_time_interleaved_settles_each_window_on_its_own_part(bench, monkeypatch
     assert calls == {"a": 38, "b": 38}
 
 
-class ClockEvent:
-    """A CUDA event stand-in that reads the host clock: the fake work runs on the host."""
+class VirtualClock:
+    """CUDA events on a clock that only the fake work advances: exact, whatever the host's load."""
 
-    def record(self):
-        self.t = time.perf_counter()
+    def __init__(self):
+        self.now_ms = 0.0
 
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1e3
+    def event(self, enable_timing=False):
+        clock = self
+
+        class Event:
+            def record(self):
+                self.t = clock.now_ms
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        return Event()
 
 
 def test_flushed_mean_ms_times_do_bench_windows(bench, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: ClockEvent())
+    clock = VirtualClock()
+    monkeypatch.setattr(torch.cuda, "Event", clock.event)
     counts = {"fn": 0, "flush": 0}
 
     def fn():
         counts["fn"] += 1
-        time.sleep(0.002)
+        clock.now_ms += 2.0
 
-    ms = bench.flushed_mean_ms(fn, warmup_ms=10, rep_ms=40, flush=lambda: counts.__setitem__("flush", counts["flush"] + 1))
-    assert ms == pytest.approx(2.0, rel=0.5)
-    repeats = counts["flush"] - 5  # the 5 estimating calls are flushed too, the warm-up ones not
-    assert 8 <= repeats <= 20  # about rep_ms / a call's time
-    warmups = counts["fn"] - 1 - 5 - repeats  # after the first call and the 5 estimating ones
-    assert 1 <= warmups <= 5  # about warmup_ms / a call's time
+    def flush():  # outside the timed range: it must not count
+        counts["flush"] += 1
+        clock.now_ms += 0.5 if counts["flush"] > 5 else 0.0
+
+    assert bench.flushed_mean_ms(fn, warmup_ms=10, rep_ms=40, flush=flush) == pytest.approx(2.0)
+    # do_bench's counts: 5 flushed estimating calls of 2 ms, then 10 / 2 warm-up calls unflushed,
+    # then 40 / 2 timed calls each after a flush; and the first call ahead of it all.
+    assert counts == {"fn": 1 + 5 + 5 + 20, "flush": 5 + 20}
 
 
 def test_anchor_protocol_idles_before_its_window(bench, monkeypatch):
@@ -125,3 +137,4 @@ def test_anchor_protocol_idles_before_its_window(bench, monkeypatch):
 def test_layer_data_names_are_checked(bench):
     with pytest.raises(ValueError, match="data = 'zeros' breaks the rule"):
         bench.layer_params(8, 8, 8, 2, data="zeros")
+
