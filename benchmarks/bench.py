@@ -144,11 +144,16 @@ def time_interleaved(fns, rounds=9, iters=40, settle_ms=None):
     samples = {name: [] for name in names}
     per_call = {name: time_ms(fn, warmup=5, iters=2) for name, fn in fns.items()}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in rotated(names, r):
             for _ in range(settle_calls(settle_ms, per_call[name])):
                 fns[name]()
             samples[name].append(time_ms(fns[name], warmup=2, iters=iters))
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def rotated(names, r):
+    """names in round r's order: each round starts one further on, so every name takes every place."""
+    return names[r % len(names):] + names[:r % len(names)]
 
 
 def settle_calls(settle_ms, ms_per_call):
@@ -409,6 +414,17 @@ def anchor_protocol_ms(fn, timer, idle_s=None):
     torch.cuda.synchronize()
     time.sleep(ANCHOR_PROTOCOL["idle_s"] if idle_s is None else idle_s)
     return timer(fn, ANCHOR_PROTOCOL["warmup_ms"], ANCHOR_PROTOCOL["rep_ms"])
+
+
+def anchor_protocol_interleaved(fns, rounds):
+    """Median ms of each fn over rounds of anchor_protocol_ms windows, the order rotating by round."""
+    _, timer = anchor_protocol_timer()
+    names = list(fns)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in rotated(names, r):
+            samples[name].append(anchor_protocol_ms(fns[name], timer))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def bench_moe_anchor_protocol(name, cfg, anchor_rows, rounds=3, data="anchor"):

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import functools
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -45,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sonicmoe  # noqa: E402
 import sonicmoe.functional as F  # noqa: E402
 from sonicmoe import _ops  # noqa: E402
-from bench import (anchor_protocol_ms, anchor_protocol_timer, layer_params, load_anchors, time_interleaved,  # noqa: E402
+from bench import (anchor_protocol_interleaved, layer_params, load_anchors, time_interleaved,  # noqa: E402
                    upstream_anchor, warm_up_gpu)
 
 WIDE_C2X1 = "varlen_cooperative_128x256x64_c2x1"
@@ -137,17 +136,6 @@ def overridden(name):
     finally:
         for k, v in saved.items():
             setattr(F, k, v)
-
-
-def anchor_protocol_interleaved(fns, rounds):
-    """Median ms of each fn over rounds of anchor-protocol windows, the order rotating by round."""
-    _, timer = anchor_protocol_timer()
-    names = list(fns)
-    samples = {k: [] for k in names}
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            samples[k].append(anchor_protocol_ms(fns[k], timer))
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def main():

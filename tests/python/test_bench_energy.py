@@ -138,3 +138,11 @@ def test_layer_data_names_are_checked(bench):
     with pytest.raises(ValueError, match="data = 'zeros' breaks the rule"):
         bench.layer_params(8, 8, 8, 2, data="zeros")
 
+
+
+def test_anchor_protocol_interleaved_rotates_and_takes_medians(bench, monkeypatch):
+    order = []
+    monkeypatch.setattr(bench, "anchor_protocol_ms", lambda fn, timer: (order.append(fn()), len(order))[1])
+    ms = bench.anchor_protocol_interleaved({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, rounds=3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert ms == {"a": 6, "b": 4, "c": 5}  # medians of the window numbers each took
