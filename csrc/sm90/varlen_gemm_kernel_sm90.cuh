@@ -40,6 +40,12 @@ struct LoadsSource : std::false_type {};
 template <class Epilogue>
 struct LoadsSource<Epilogue, std::void_t<decltype(&Epilogue::init_source)>> : std::true_type {};
 
+// Whether the epilogue has work after a consumer's last tile (finish: TMA stores in flight).
+template <class Epilogue, class = void>
+struct HasFinish : std::false_type {};
+template <class Epilogue>
+struct HasFinish<Epilogue, std::void_t<decltype(&Epilogue::finish)>> : std::true_type {};
+
 template <class Mainloop_, class Epilogue_,
           class Scheduler_ = VarlenTileScheduler<Mainloop_::kTileM, Mainloop_::kClusterM>>
 struct VarlenGemmKernel {
@@ -168,6 +174,7 @@ struct VarlenGemmKernel {
       Epilogue::store(p.epilogue, s.epilogue[consumer], accum, coords, tile, thread_in_warpgroup,
                       /*barrier_id=*/consumer);
     }
+    if constexpr (HasFinish<Epilogue>::value) Epilogue::finish(thread_in_warpgroup);
   }
 };
 

@@ -7,12 +7,25 @@
 
 namespace sonicmoe::sm90 {
 
-// kTransposedOut: the kernel computes out[e]^T (K7 in K5's shape, TransposedStoreEpilogue); p
-// then describes that transposed problem, its output written as (E, n_out, m_out).
+// The output (E, rows, cols) bf16 as a (cols, rows, E) TMA tensor in 64 x 64 boxes (TmaStoreEpilogue).
+inline Status make_expert_output_tensor_map(CUtensorMap* map, void* out, int64_t rows, int64_t cols,
+                                            int num_experts) {
+  const uint64_t dims[3] = {uint64_t(cols), uint64_t(rows), uint64_t(num_experts)};
+  const uint64_t strides[2] = {uint64_t(cols) * 2, uint64_t(cols) * uint64_t(rows) * 2};
+  const uint32_t box[3] = {64, 64, 1};
+  return make_bf16_tensor_map(map, out, 3, dims, strides, box, "out");
+}
+
+// kTransposedOut (cooperative tiles only): the kernel computes out[e]^T (K7 in K5's shape); p then
+// describes that transposed problem, its output written as (E, n_out, m_out).
 template <class Mainloop, bool kTransposedOut = false>
 Status run_weight_grad_with(const WeightGradParams& p) {
-  // Staged stores: quad-transposed ones measured -1% to +3% here, no gain (docs/perf-notes.md, session 10).
-  using Epilogue = cute::conditional_t<kTransposedOut, TransposedStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>,
+  // The cooperative tiles: TMA stores that drain behind the next tile's mainloop (session 33: K5
+  // 8% and K7 4% faster at deepseek-v3's 512 rows an expert, level to 2% faster at 2048-4096).
+  // Ping-pong: staged stores (quad-transposed ones measured -1% to +3%, no gain: session 10).
+  constexpr bool kCooperative = Mainloop::kConsumers == 2;
+  static_assert(kCooperative || !kTransposedOut, "the transposed store is the cooperative tiles' TMA store");
+  using Epilogue = cute::conditional_t<kCooperative, TmaStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, kTransposedOut>,
                                        StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kStaged>>;
   using Kernel = VarlenGemmKernel<Mainloop, Epilogue, VarlenKTileScheduler<Mainloop::kTileM, Mainloop::kClusterM>>;
   using Element = cutlass::bfloat16_t;
@@ -29,9 +42,13 @@ Status run_weight_grad_with(const WeightGradParams& p) {
   params.mainloop.gather_src_rows = static_cast<int>(p.num_tokens);
   params.mainloop.m_out = static_cast<int>(p.m_out);
   params.mainloop.n_out = static_cast<int>(p.n_out);
-  params.epilogue.out = static_cast<Element*>(p.out);
   params.epilogue.n_out = static_cast<int>(p.n_out);
-  if constexpr (kTransposedOut) params.epilogue.m_out = static_cast<int>(p.m_out);
+  if constexpr (kCooperative) {
+    SONICMOE_TRY(make_expert_output_tensor_map(&params.epilogue.tma_out, p.out, kTransposedOut ? p.n_out : p.m_out,
+                                               kTransposedOut ? p.m_out : p.n_out, p.num_experts));
+  } else {
+    params.epilogue.out = static_cast<Element*>(p.out);
+  }
   params.m_out = static_cast<int>(p.m_out);
   return launch_varlen_k_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
                                       p.stream, p.partial_rows);
@@ -39,15 +56,16 @@ Status run_weight_grad_with(const WeightGradParams& p) {
 
 // K5 / K7 on cooperative tiles: the gathered operand 128 wide (cp.async), the other 256 wide by
 // TMA, so a gathered row chunk serves twice the FLOPs of a ping-pong tile: K5 (A = dO gathered)
-// on 128 x 256 x 64, K7 (B = x gathered) as the transposed problem on the same mainloop; 4 stages
+// on 128 x 256 x 64, K7 (B = x gathered) as the transposed problem on the same mainloop; 3 stages
 // of 48 KB; kClusterM 1 or 2 (2 x 1 clusters multicasting the TMA side). The 256-wide side has no
 // cp.async path: with partial_rows its rows up to a box past offsets[E] must be finite
 // (down_proj_grad zeroes kRowsZeroedPastEnd of them).
 template <int kClusterM>
 Status run_weight_grad_cooperative_with(const WeightGradParams& p) {
   static_assert(kVarlenTileK <= kRowsZeroedPastEnd, "a TMA box reaches at most kVarlenTileK - 1 rows past the end");
-  using Mainloop = VarlenKMainloop<128, 256, kVarlenTileK, kVarlenCooperativeStages, /*gather_a=*/true,
-                                   /*tma_dense=*/true, /*consumers=*/2, kClusterM>;
+  // 3 stages: the fourth's 48 KB hold the TMA stores' buffers.
+  using Mainloop = VarlenKMainloop<128, 256, kVarlenTileK, 3, /*gather_a=*/true, /*tma_dense=*/true,
+                                   /*consumers=*/2, kClusterM>;
   if (p.gather_a) return run_weight_grad_with<Mainloop>(p);
   // K7 in K5's shape: dW1[e]^T = x[gather]^T dH, x gathered on the 128-wide A side (the 256 x 128
   // tile with two 64-row atoms per warpgroup ran 0.64-0.82x the gathered copy + torch._grouped_mm),

@@ -198,7 +198,7 @@ __device__ __forceinline__ cute::array<int, kTileN / kBoxRows> contiguous_b_rows
   return rows;
 }
 
-// K2 / K6 / K5 / K7: out = the accumulators as bf16, (m_total, n_out) row-major.
+// K2 / K6, and K5 / K7 on ping-pong tiles: out = the accumulators as bf16, (m_total, n_out) row-major.
 template <int kTileM, int kTileN, TileStore kStore>
 struct StoreEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
@@ -279,62 +279,97 @@ struct StoreEpilogue {
   }
 };
 
-// K7 in K5's shape: the tile holds out[e]^T (tile row i, column j = out[e][j][i]), so it leaves
-// transposed through the warpgroup's staging buffer: windows of 64 tile columns, each written
-// column-major (the rows of the output), then read back as 16-byte runs along i. Output
-// (E, n_out, m_out) row-major; m_out % 8 == 0 (the host rule), so a chunk is wholly in or out.
-template <int kTileM, int kTileN>
-struct TransposedStoreEpilogue {
+// K5 / K7 on the cooperative tiles (the weight gradients' K loops can be short: 8 k steps per
+// 64 KB tile at 512 rows an expert): each warpgroup writes its 64 accumulator rows as bf16 into its own
+// buffer of 64 x 64 boxes (128-byte swizzle), one thread stores the boxes by TMA, and the
+// warpgroup goes on to the next tile's mainloop while the global writes drain. The buffer is
+// waited on (TMA's reads of it) only before the next tile's writes. TMA clips at m_out, n_out and
+// the expert (a 3-D output map), so no row test is needed. kTransposed: the tile holds out[e]^T
+// (K7 in K5's shape), and a box is 64 output rows (tile columns) x 64 output columns (tile rows).
+template <int kTileM, int kTileN, bool kTransposed>
+struct TmaStoreEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
-  static constexpr int kWindowCols = 64;               // tile columns (output rows) per window
-  static constexpr int kPitchT = Tile::kHalfRows + 8;  // elements per output row in smem: the
-                                                       // 2-byte writes of a warp hit 16 banks, two
-                                                       // lanes per word; rows stay 16-byte aligned
-  static_assert(kWindowCols * kPitchT <= Tile::kHalfRows * Tile::kPitch, "a window fits the staging buffer");
-  static_assert(kTileN % kWindowCols == 0, "whole windows");
+  static constexpr int kRows = 64;  // a warpgroup's tile rows (one 64-row WGMMA block)
+  static constexpr int kBoxes = kTileN / 64;
+  static constexpr int kBoxBytes = 64 * 64 * sizeof(Element);
+  static_assert(kTileM == 128 && kTileN % 64 == 0, "the cooperative tiles: 64 rows per warpgroup");
+
+  struct alignas(1024) SmemTile {
+    Element boxes[kBoxes * 64 * 64];
+  };
 
   struct Params {
-    Element* out = nullptr;  // (E, n_out, m_out)
-    int m_out = 0;           // the tiles' row extent per expert
-    int n_out = 0;           // the tiles' column extent
+    CUtensorMap tma_out;  // (E, m_out, n_out) as (n_out, m_out, E); kTransposed (E, n_out, m_out)
+    int n_out = 0;        // the tiles' column extent
   };
 
   static __host__ __device__ int n_blocks(const Params& p) { return (p.n_out + kTileN - 1) / kTileN; }
   static __device__ cute::array<int, 1> b_rows(const Params&, const VarlenTile&) { return {}; }  // varlen K: unused
 
+  // Byte offset of element e of 16-byte chunk c in row r of box b (TMA's 128-byte swizzle).
+  static __device__ __forceinline__ uint32_t offset(int b, int r, int c, int e) {
+    return b * kBoxBytes + r * 128 + ((c ^ (r % 8)) * 16) + e * 2;
+  }
+
   template <class Accumulator, class Coords>
-  static __device__ void store(const Params& p, Element* smem, const Accumulator& accum, const Coords& coords,
+  static __device__ void store(const Params& p, SmemTile& s, const Accumulator& accum, const Coords& coords,
                                const VarlenTile& t, int thread_idx, int barrier_id) {
     using namespace cute;
-    const int i0 = t.m_block * kTileM;
-    const int j0 = t.n_block * kTileN;
-    Element* out_e = p.out + int64_t(t.expert) * p.n_out * p.m_out;
-    constexpr int kChunks = Tile::kHalfRows / 8;  // 16-byte chunks per output row of a half
+    static_assert(decltype(size<1>(accum))::value == 1, "one 64-row half per warpgroup");
+    const int row0 = Tile::half_row(coords, 0);
+    if (thread_idx == 0) tma_store_wait<0>();  // the previous tile's boxes have been read
+    Tile::sync(barrier_id);
+    // Shared-window addresses (32-bit) rather than generic pointers: the transposed path's 2-byte
+    // stores spilled the accumulators with 64-bit addresses.
+    const uint32_t base = cast_smem_ptr_to_uint(s.boxes);
+    // Values i, i + 1 of mode 0 are columns c, c + 1 of one row (c even).
+    static_assert(decltype(size<0>(accum))::value == kTileN / 2, "accumulator layout: (2, 2, kTileN / 8)");
+    // Transposed: value (v0, v1, g) = i of mode 0 is tile row r0 + 8 v1, column c0 + v0 + 8 g, with
+    // r0 = lane / 4 + 16 warp and c0 = 2 (lane % 4) (coords(0)). It goes to row c % 64 of box c / 64,
+    // chunk (r / 8) ^ (c % 8) = (r0 / 8 ^ c0) ^ (v1 ^ v0) (r0 / 8 and c0 are even), element r % 8:
+    // the thread's part below plus a constant per value, so no address is held per value (a
+    // per-value address spilled the accumulators).
+    const auto rc0 = coords(0, 0, 0);
+    const int r0 = get<0>(rc0) - row0, c0 = get<1>(rc0);
+    const uint32_t thread_base = base + c0 * 128 + (((r0 / 8) ^ c0) * 16) + (r0 % 8) * 2;
     CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < Tile::halves(accum); ++h) {
-      const int half_row = Tile::half_row(coords, h);
-      const int rows = min(Tile::kHalfRows, p.m_out - (i0 + half_row));
-      if (rows <= 0) break;
-      cute::for_each(cute::make_int_sequence<kTileN / kWindowCols>{}, [&](auto window) {
-        constexpr int w = decltype(window)::value;
-        Tile::sync(barrier_id);  // the previous window's reads are done
-        // Mode 0 of the accumulator runs along the columns: window w is the value range below.
-        CUTLASS_PRAGMA_UNROLL
-        for (int v = kWindowCols * w / 2; v < kWindowCols * (w + 1) / 2; ++v) {
-          const auto rc = coords(v, h, 0);
-          smem[(get<1>(rc) - kWindowCols * w) * kPitchT + get<0>(rc) - half_row] = Element(accum(v, h, 0));
-        }
-        Tile::sync(barrier_id);
-        for (int idx = thread_idx; idx < kWindowCols * kChunks; idx += 128) {
-          const int c = idx / kChunks, chunk = idx % kChunks;
-          const int j = j0 + kWindowCols * w + c;
-          if (j < p.n_out && chunk * 8 < rows)
-            *reinterpret_cast<uint4*>(out_e + int64_t(j) * p.m_out + i0 + half_row + chunk * 8) =
-                *reinterpret_cast<const uint4*>(smem + c * kPitchT + chunk * 8);
-        }
-      });
+    for (int i = 0; i < size<0>(accum); i += 2) {
+      const uint32_t pair = pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0));
+      if constexpr (kTransposed) {
+        // Output rows c and c + 1, output column r: two 2-byte stores; the 4 lanes of a quad hit 4
+        // rows whose chunks the swizzle spreads, so a warp's stores are conflict-free.
+        const int v1 = (i / 2) % 2, g = i / 4;
+        const uint32_t lo = thread_base + (g / 8) * kBoxBytes + (g % 8) * 1024 + v1 * 16;
+        const uint32_t hi = thread_base + (g / 8) * kBoxBytes + (g % 8) * 1024 + 128 + (v1 ^ 1) * 16;
+        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(lo), "h"(static_cast<uint16_t>(pair)) : "memory");
+        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(hi), "h"(static_cast<uint16_t>(pair >> 16)) : "memory");
+      } else {
+        const auto rc = coords(i, 0, 0);
+        const int r = get<0>(rc) - row0, c = get<1>(rc);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + offset(c / 64, r, (c % 64) / 8, c % 8)), "r"(pair)
+                     : "memory");
+      }
     }
+    cutlass::arch::fence_view_async_shared();  // the writes, visible to TMA
+    Tile::sync(barrier_id);
+    if (thread_idx == 0 && t.rows > 0) {  // rows 0: a cluster pair's empty half
+      const int i0 = t.m_block * kTileM + row0, j0 = t.n_block * kTileN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < kBoxes; ++b) {
+        if (j0 + 64 * b >= p.n_out) break;
+        if constexpr (kTransposed)
+          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * 64 * 64, i0, j0 + 64 * b, t.expert);
+        else
+          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * 64 * 64, j0 + 64 * b, i0, t.expert);
+      }
+      tma_store_arrive();
+    }
+  }
+
+  // After the warpgroup's last tile: TMA has read its buffer before the CTA's shared memory goes.
+  static __device__ void finish(int thread_idx) {
+    if (thread_idx == 0) cute::tma_store_wait<0>();
   }
 };
 
