@@ -4,11 +4,9 @@ and with the forward alone, as bench.py's moe_backward times it (backward = step
 with --measure forward, the training forward under each variant.
 
 Variants (each a set of overrides of sonicmoe.functional while its step runs):
-  base       the tree's rules (dW2 on K5 at n <= 1536, dW1 on K7 at n <= 1024: session 14);
-  rules_s13  session 13's rules: dW2 on K5 at n <= 1024, dW1 on K7 at n <= 256 (the interim
-             gathered copy + torch._grouped_mm above);
-  k5k7_all   dW2 on K5 and dW1 on K7 at every n (no interim path in eager mode);
-  dw1_k7_1536  dW1 on K7 at n <= 1536 (qwen3-235b-a22b: its K7 clustered since session 25);
+  base       the tree's rules (dW2 on K5 at every n, dW1 on K7 except at 1024 < n < 2048:
+             session 33; before it the gathered copies at n >= 2048, for dW1 at n > 1024);
+  k5k7_all   dW1 on K7 at every n too (no gathered copy in eager mode);
   k4_c2x1    K4 on the clustered wide tile (config 10) wherever n % 256 == 0;
   k4_rule_s13  K4 on ping-pong 128 x 128 at d < 4096 (session 13's rule; the tree's takes the
              clustered wide tile from d 2048);
@@ -111,9 +109,7 @@ class _LayerApart:
 
 OVERRIDES = {
     "base": {},
-    "rules_s13": {"_dw2_on_k5": lambda n: n <= 1024, "_dw1_on_k7": lambda n: n <= 256},
-    "k5k7_all": {"_dw2_on_k5": lambda n: True, "_dw1_on_k7": lambda n: True},
-    "dw1_k7_1536": {"_dw1_on_k7": lambda n: n <= 1536},
+    "k5k7_all": {"_dw1_on_k7": lambda n: True},
     "k4_c2x1": {"down_proj_grad": _with_tile(_ops.down_proj_grad, WIDE_C2X1, _k4_n_fits)},
     "k4_rule_s13": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", _k4_below_4096)},
     "k4_pp": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", lambda *a, **k: True)},
@@ -140,7 +136,7 @@ def overridden(name):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", default="base,rules_s13,k5k7_all,k4_c2x1,k6_c2x1")
+    parser.add_argument("--variants", default="base,k5k7_all,k4_c2x1,k6_c2x1")
     parser.add_argument("--configs", default="olmoe-1b-7b,qwen3-30b-a3b,paper-30b-n512,paper-120b-n1024,"
                                              "qwen3-235b-a22b,paper-7b-n1024,paper-7b-n256,deepseek-v3")
     parser.add_argument("--rounds", type=int, default=7)

@@ -68,27 +68,22 @@ def _grad_enabled_for(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _dw2_on_k5(n: int) -> bool:
-    """Eager dW2 on K5 (cooperative 128 x 256, the dO gather in its loads) rather than a gathered
-    copy + torch._grouped_mm: measured faster where n <= 1024 (session 7, call 4), and as the
-    layer's backward at n 1536 (session 14, calls 3-4: qwen3-235b-a22b 534.7 / 547.4 TF against
-    528.5 / 540.2); at n 2048 (deepseek-v3) K5 and K7 together lost 2.5% (459.6 against 471.3).
-    Token rounding's buffers (partial_rows) take the same rule since session 17: there the
-    gathered copies and torch._grouped_mm took 858 µs at T 16384, d 1536, n 256, E 64, where
-    top-K's K5 + K7 took 490."""
-    return n <= 1536
-
-
 def _dw1_on_k7(n: int) -> bool:
     """Eager dW1 on K7 (K5's 128 x 256 tile with x gathered on its 128-wide side, stored
-    transposed) rather than a gathered copy of x + torch._grouped_mm, where n <= 1024. The
-    layer's backward against the interim path (session 14, calls 3-4, TFLOP/s): paper-30b-n512
-    480.3 / 493.0 against 467.6 / 468.4, paper-7b-n1024 450.3 / 453.7 against 433.7 / 440.0,
-    qwen3-30b-a3b 476.7 / 484.4 against 474.7 / 471.8, olmoe-1b-7b and paper-120b-n1024 level
-    (within 1.5%); at n 1536 it lost 1.4% (qwen3-235b-a22b). Under the H200's power cap
-    (~700 W, 1.4-1.5 GHz in these steps) the gathered copy's traffic costs clock; K7 also spares
-    that copy (T K d bf16) at the step's peak. Token rounding's buffers likewise (_dw2_on_k5)."""
-    return n <= 1024
+    transposed) rather than a gathered copy of x + torch._grouped_mm: where n <= 1024, and at
+    n >= 2048. The layer's backward against the copy path (session 14, calls 3-4, TFLOP/s):
+    paper-30b-n512 480.3 / 493.0 against 467.6 / 468.4, paper-7b-n1024 450.3 / 453.7 against
+    433.7 / 440.0, qwen3-30b-a3b 476.7 / 484.4 against 474.7 / 471.8, olmoe-1b-7b and
+    paper-120b-n1024 level (within 1.5%); at n 1536 it lost 1.4% (qwen3-235b-a22b, 2048 rows an
+    expert; session 33's TMA stores moved its K7 by -0.8 to +0.4%). At n 2048 (deepseek-v3, 512
+    rows an expert: 8 k steps per output tile) K7's TMA stores, which drain behind the next tile,
+    made it the faster one (session 33, call 5: the backward 454.5 / 477.6 TF with K5 and K7
+    against 450.0 / 471.8 with dW1 on the copy, anchor protocol / sustained). Under the H200's
+    power cap the gathered copy's traffic costs clock; K7 also spares that copy (T K d bf16) at
+    the step's peak. Token rounding's buffers take the same rule: there the gathered copies and
+    torch._grouped_mm took 858 µs at T 16384, d 1536, n 256, E 64, where K5 + K7 took 490
+    (session 17)."""
+    return n <= 1024 or n >= 2048
 
 
 # heuristics.h's kWeightGradClusterMinRows: K5 / K7 in 2 x 1 clusters where experts average this
@@ -110,9 +105,11 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     score gradient; K6 gives dX~ = dH @ w1 per row.
 
     The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) on cooperative
-    tiles, or torch._grouped_mm over gathered copies of dO and x, whichever measured faster on
-    the H200 (docs/perf-notes.md, sessions 7, 12 and 14): dW2 on K5 where n <= 1536, dW1 on K7
-    where n <= 1024 (_dw2_on_k5, _dw1_on_k7), timed as the layer's backward. With token rounding's
+    tiles, or for dW1 torch._grouped_mm over a gathered copy of x, whichever measured faster on
+    the H200 (docs/perf-notes.md, sessions 7, 12, 14 and 33): dW2 on K5 at every n (at n 1536
+    and 2048 too since session 33's TMA stores; the copy path lost 2.5% at n 1536 in session 14
+    and 0.9-1.2% at n 2048 in session 33), dW1 on K7 except at 1024 < n < 2048 (_dw1_on_k7),
+    timed as the layer's backward. With token rounding's
     buffers (partial_rows) the cooperative tiles' TMA side reads up to a box of rows past
     offsets[E], which down_proj_grad zeroes in d_h and A'. Under torch.compile the interim path
     cannot stay: Inductor stores the gathered copy K-contiguous, where torch._grouped_mm needs
@@ -141,17 +138,14 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     if gather_idx.shape[0] == 0:
         return dx_rows, (torch.zeros_like(w1) if need_w1 else None), (torch.zeros_like(w2) if need_w2 else None), \
             d_row_score
-    ends = offsets[1:]
-    if need_w2 and _dw2_on_k5(w2.shape[2]):
+    if need_w2:
         dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows,
                           _weight_grad_tile(True, gather_idx.shape[0], w2.shape[0]))
-    elif need_w2:  # interim (K5): gathered copy of dO
-        dw2 = torch._grouped_mm(d_out[gather_idx.long()].t(), a_scaled, offs=ends)
     if need_w1 and _dw1_on_k7(w2.shape[2]):
         dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows,
                           _weight_grad_tile(False, gather_idx.shape[0], w2.shape[0]))
-    elif need_w1:  # interim (K7): gathered copy of x
-        dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=ends)
+    elif need_w1:  # a gathered copy of x
+        dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=offsets[1:])
     return dx_rows, dw1, dw2, d_row_score
 
 

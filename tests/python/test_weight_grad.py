@@ -176,3 +176,11 @@ def test_layer_weight_grad_tile_clusters_where_experts_average_2048_rows():
     assert tile(True, 32768 * 8, 64) == tile(False, 32768 * 8, 128) == "varlen_cooperative_128x256x64_c2x1"
     assert tile(True, 24576 * 8, 128) == "varlen_cooperative_128x256x64"
     assert tile(False, 24576 * 8, 128) == "varlen_cooperative_256x128x64"
+
+
+def test_layer_weight_gradients_take_the_gathered_copy_only_where_it_measured_faster():
+    # Eager dW1 over a gathered copy of x + torch._grouped_mm only at 1024 < n < 2048 (qwen3-235b-a22b's
+    # n 1536); dW2 always on K5 (docs/perf-notes.md, session 33).
+    on_k7 = sonicmoe.functional._dw1_on_k7
+    assert on_k7(256) and on_k7(1024) and on_k7(2048) and on_k7(4096)
+    assert not on_k7(1536)
