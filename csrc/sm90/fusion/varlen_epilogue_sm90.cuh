@@ -1,12 +1,13 @@
-// Epilogues of the sm90 varlen-M grouped GEMMs. Each one also says which weight rows form a
+// Epilogues of the sm90 varlen grouped GEMMs. Each one also says which weight rows form a
 // tile's N columns (the B box origins the mainloop loads), since that pairing is what makes
 // the SwiGLU fusion possible.
 //
-// Stores leave as 16-byte row chunks, predicated on the tile's valid rows: a tile may end
-// inside its expert's last m block, and the rows after it belong to the next expert, so no
+// Varlen M: stores leave as 16-byte row chunks, predicated on the tile's valid rows: a tile may
+// end inside its expert's last m block, and the rows after it belong to the next expert, so no
 // store may touch them (TMA stores cannot clip there). The chunks are formed either in a
 // per-warpgroup shared-memory tile (rows padded by 8 elements so the accumulator writes hit 32
-// distinct banks) or in registers by a transpose across each quad (TileStore).
+// distinct banks) or in registers by a transpose across each quad (TileStore). Varlen K (K5 / K7:
+// every expert owns a whole output) stores by TMA on the cooperative tiles (TmaStoreEpilogue).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -279,13 +280,14 @@ struct StoreEpilogue {
   }
 };
 
-// K5 / K7 on the cooperative tiles (the weight gradients' K loops can be short: 8 k steps per
-// 64 KB tile at 512 rows an expert): each warpgroup writes its 64 accumulator rows as bf16 into its own
+// K5 / K7 on the cooperative tiles, whose K loops can be short (8 k steps per 64 KB output tile
+// at 512 rows an expert): each warpgroup writes its 64 accumulator rows as bf16 into its own
 // buffer of 64 x 64 boxes (128-byte swizzle), one thread stores the boxes by TMA, and the
 // warpgroup goes on to the next tile's mainloop while the global writes drain. The buffer is
-// waited on (TMA's reads of it) only before the next tile's writes. TMA clips at m_out, n_out and
-// the expert (a 3-D output map), so no row test is needed. kTransposed: the tile holds out[e]^T
-// (K7 in K5's shape), and a box is 64 output rows (tile columns) x 64 output columns (tile rows).
+// waited on (TMA's reads of it) only before the next tile's writes. The output is a 3-D map (E,
+// rows, cols): TMA clips at m_out, n_out and the expert, so no row test is needed. kTransposed:
+// the tile holds out[e]^T (K7 in K5's shape); a box is 64 output rows (tile columns) x 64 output
+// columns (tile rows).
 template <int kTileM, int kTileN, bool kTransposed>
 struct TmaStoreEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
