@@ -74,6 +74,12 @@ __device__ __forceinline__ void load_shared_16B(uint32_t (&v)[4], uint32_t addr)
                : "r"(addr));
 }
 
+// Byte offset of 16-byte chunk `chunk` (< 8) of row `row` in a tile of 128-byte rows in TMA's
+// 128-byte swizzle (a 64-column bf16 box): the chunk moves to chunk ^ (row % 8).
+__device__ __forceinline__ uint32_t swizzle128_offset(int row, int chunk) {
+  return row * 128 + ((chunk ^ (row % 8)) * 16);
+}
+
 // Transposes a 4 x 4 matrix of registers across the 4 lanes of a quad: lane l's x[i] becomes
 // lane i's x[l] (two butterfly rounds, one shuffle per pair of registers and round).
 __device__ __forceinline__ void quad_transpose(uint32_t (&x)[4]) {
@@ -309,11 +315,6 @@ struct TmaStoreEpilogue {
   static __host__ __device__ int n_blocks(const Params& p) { return (p.n_out + kTileN - 1) / kTileN; }
   static __device__ cute::array<int, 1> b_rows(const Params&, const VarlenTile&) { return {}; }  // varlen K: unused
 
-  // Byte offset of element e of 16-byte chunk c in row r of box b (TMA's 128-byte swizzle).
-  static __device__ __forceinline__ uint32_t offset(int b, int r, int c, int e) {
-    return b * kBoxBytes + r * 128 + ((c ^ (r % 8)) * 16) + e * 2;
-  }
-
   template <class Accumulator, class Coords>
   static __device__ void store(const Params& p, SmemTile& s, const Accumulator& accum, const Coords& coords,
                                const VarlenTile& t, int thread_idx, int barrier_id) {
@@ -327,29 +328,33 @@ struct TmaStoreEpilogue {
     const uint32_t base = cast_smem_ptr_to_uint(s.boxes);
     // Values i, i + 1 of mode 0 are columns c, c + 1 of one row (c even).
     static_assert(decltype(size<0>(accum))::value == kTileN / 2, "accumulator layout: (2, 2, kTileN / 8)");
-    // Transposed: value (v0, v1, g) = i of mode 0 is tile row r0 + 8 v1, column c0 + v0 + 8 g, with
-    // r0 = lane / 4 + 16 warp and c0 = 2 (lane % 4) (coords(0)). It goes to row c % 64 of box c / 64,
-    // chunk (r / 8) ^ (c % 8) = (r0 / 8 ^ c0) ^ (v1 ^ v0) (r0 / 8 and c0 are even), element r % 8:
-    // the thread's part below plus a constant per value, so no address is held per value (a
-    // per-value address spilled the accumulators).
-    const auto rc0 = coords(0, 0, 0);
-    const int r0 = get<0>(rc0) - row0, c0 = get<1>(rc0);
-    const uint32_t thread_base = base + c0 * 128 + (((r0 / 8) ^ c0) * 16) + (r0 % 8) * 2;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size<0>(accum); i += 2) {
-      const uint32_t pair = pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0));
-      if constexpr (kTransposed) {
-        // Output rows c and c + 1, output column r: two 2-byte stores; the 4 lanes of a quad hit 4
-        // rows whose chunks the swizzle spreads, so a warp's stores are conflict-free.
+    if constexpr (kTransposed) {
+      // Value (v0, v1, g) = i of mode 0 is tile row r0 + 8 v1, column c0 + v0 + 8 g, with r0 =
+      // lane / 4 + 16 warp and c0 = 2 (lane % 4) (coords(0)). It goes to row c % 64 of box c / 64,
+      // chunk (r / 8) ^ (c % 8) = (r0 / 8 ^ c0) ^ (v1 ^ v0) (r0 / 8 and c0 are even), element r % 8:
+      // the thread's part below plus a constant per value, so no address is held per value (a
+      // per-value address spilled the accumulators). Two 2-byte stores per pair (output rows c
+      // and c + 1); the 4 lanes of a quad hit 4 rows whose chunks the swizzle spreads, so a
+      // warp's stores are conflict-free.
+      const auto rc0 = coords(0, 0, 0);
+      const int r0 = get<0>(rc0) - row0, c0 = get<1>(rc0);
+      const uint32_t thread_base = base + swizzle128_offset(c0, r0 / 8) + (r0 % 8) * 2;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size<0>(accum); i += 2) {
+        const uint32_t pair = pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0));
         const int v1 = (i / 2) % 2, g = i / 4;
         const uint32_t lo = thread_base + (g / 8) * kBoxBytes + (g % 8) * 1024 + v1 * 16;
         const uint32_t hi = thread_base + (g / 8) * kBoxBytes + (g % 8) * 1024 + 128 + (v1 ^ 1) * 16;
         asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(lo), "h"(static_cast<uint16_t>(pair)) : "memory");
         asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(hi), "h"(static_cast<uint16_t>(pair >> 16)) : "memory");
-      } else {
+      }
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size<0>(accum); i += 2) {
         const auto rc = coords(i, 0, 0);
         const int r = get<0>(rc) - row0, c = get<1>(rc);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + offset(c / 64, r, (c % 64) / 8, c % 8)), "r"(pair)
+        const uint32_t at = base + (c / 64) * kBoxBytes + swizzle128_offset(r, (c % 64) / 8) + (c % 8) * 2;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0)))
                      : "memory");
       }
     }
@@ -780,7 +785,7 @@ struct DSwiGLUSmemSourceEpilogue : DSwiGLUColumns<kTileN> {
           const int j0 = q * kGroups + q0;  // the accumulator's column group
           const int col = col0 + quad_chunk_col(coords, v1, j0, 0);
           const int chunk = (col - col0 - q * kQuarterCols) / 8;  // 16-byte chunk in the box row
-          const uint32_t offset = local * 128 + ((chunk ^ (local % 8)) * 16);
+          const uint32_t offset = swizzle128_offset(local, chunk);
           uint32_t g4[4], u4[4];
           load_shared_16B(g4, gate_base + offset);
           load_shared_16B(u4, up_base + offset);
