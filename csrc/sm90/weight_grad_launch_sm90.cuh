@@ -4,6 +4,7 @@
 #include "sm90/varlen_gemm_launch_sm90.cuh"
 // After the launch header: it needs cudaTypedefs.h's driver typedefs before any CUTLASS include.
 #include "sm90/collective/varlen_k_mainloop_sm90.cuh"
+#include "sm90/fusion/varlen_k_epilogue_sm90.cuh"
 
 namespace sonicmoe::sm90 {
 

@@ -7,7 +7,8 @@
 // store may touch them (TMA stores cannot clip there). The chunks are formed either in a
 // per-warpgroup shared-memory tile (rows padded by 8 elements so the accumulator writes hit 32
 // distinct banks) or in registers by a transpose across each quad (TileStore). Varlen K (K5 / K7:
-// every expert owns a whole output) stores by TMA on the cooperative tiles (TmaStoreEpilogue).
+// every expert owns a whole output) stores by TMA on the cooperative tiles
+// (varlen_k_epilogue_sm90.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -283,100 +284,6 @@ struct StoreEpilogue {
         });
       });
     }
-  }
-};
-
-// K5 / K7 on the cooperative tiles, whose K loops can be short (8 k steps per 64 KB output tile
-// at 512 rows an expert): each warpgroup writes its 64 accumulator rows as bf16 into its own
-// buffer of 64 x 64 boxes (128-byte swizzle), one thread stores the boxes by TMA, and the
-// warpgroup goes on to the next tile's mainloop while the global writes drain. The buffer is
-// waited on (TMA's reads of it) only before the next tile's writes. The output is a 3-D map (E,
-// rows, cols): TMA clips at m_out, n_out and the expert, so no row test is needed. kTransposed:
-// the tile holds out[e]^T (K7 in K5's shape); a box is 64 output rows (tile columns) x 64 output
-// columns (tile rows).
-template <int kTileM, int kTileN, bool kTransposed>
-struct TmaStoreEpilogue {
-  using Tile = EpilogueTile<kTileM, kTileN>;
-  using Element = typename Tile::Element;
-  static constexpr int kRows = 64;  // a warpgroup's tile rows (one 64-row WGMMA block)
-  static constexpr int kBoxes = kTileN / 64;
-  static constexpr int kBoxBytes = 64 * 64 * sizeof(Element);
-  static_assert(kTileM == 128 && kTileN % 64 == 0, "the cooperative tiles: 64 rows per warpgroup");
-
-  struct alignas(1024) SmemTile {
-    Element boxes[kBoxes * 64 * 64];
-  };
-
-  struct Params {
-    CUtensorMap tma_out;  // (E, m_out, n_out) as (n_out, m_out, E); kTransposed (E, n_out, m_out)
-    int n_out = 0;        // the tiles' column extent
-  };
-
-  static __host__ __device__ int n_blocks(const Params& p) { return (p.n_out + kTileN - 1) / kTileN; }
-  static __device__ cute::array<int, 1> b_rows(const Params&, const VarlenTile&) { return {}; }  // varlen K: unused
-
-  template <class Accumulator, class Coords>
-  static __device__ void store(const Params& p, SmemTile& s, const Accumulator& accum, const Coords& coords,
-                               const VarlenTile& t, int thread_idx, int barrier_id) {
-    using namespace cute;
-    static_assert(decltype(size<1>(accum))::value == 1, "one 64-row half per warpgroup");
-    const int row0 = Tile::half_row(coords, 0);
-    if (thread_idx == 0) tma_store_wait<0>();  // the previous tile's boxes have been read
-    Tile::sync(barrier_id);
-    // Shared-window addresses (32-bit) rather than generic pointers: the transposed path's 2-byte
-    // stores spilled the accumulators with 64-bit addresses.
-    const uint32_t base = cast_smem_ptr_to_uint(s.boxes);
-    // Values i, i + 1 of mode 0 are columns c, c + 1 of one row (c even).
-    static_assert(decltype(size<0>(accum))::value == kTileN / 2, "accumulator layout: (2, 2, kTileN / 8)");
-    if constexpr (kTransposed) {
-      // Value (v0, v1, g) = i of mode 0 is tile row r0 + 8 v1, column c0 + v0 + 8 g, with r0 =
-      // lane / 4 + 16 warp and c0 = 2 (lane % 4) (coords(0)). It goes to row c % 64 of box c / 64,
-      // chunk (r / 8) ^ (c % 8) = (r0 / 8 ^ c0) ^ (v1 ^ v0) (r0 / 8 and c0 are even), element r % 8:
-      // the thread's part below plus a constant per value, so no address is held per value (a
-      // per-value address spilled the accumulators). Two 2-byte stores per pair (output rows c
-      // and c + 1); the 4 lanes of a quad hit 4 rows whose chunks the swizzle spreads, so a
-      // warp's stores are conflict-free.
-      const auto rc0 = coords(0, 0, 0);
-      const int r0 = get<0>(rc0) - row0, c0 = get<1>(rc0);
-      const uint32_t thread_base = base + swizzle128_offset(c0, r0 / 8) + (r0 % 8) * 2;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size<0>(accum); i += 2) {
-        const uint32_t pair = pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0));
-        const int v1 = (i / 2) % 2, g = i / 4;
-        const uint32_t lo = thread_base + (g / 8) * kBoxBytes + (g % 8) * 1024 + v1 * 16;
-        const uint32_t hi = thread_base + (g / 8) * kBoxBytes + (g % 8) * 1024 + 128 + (v1 ^ 1) * 16;
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(lo), "h"(static_cast<uint16_t>(pair)) : "memory");
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(hi), "h"(static_cast<uint16_t>(pair >> 16)) : "memory");
-      }
-    } else {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size<0>(accum); i += 2) {
-        const auto rc = coords(i, 0, 0);
-        const int r = get<0>(rc) - row0, c = get<1>(rc);
-        const uint32_t at = base + (c / 64) * kBoxBytes + swizzle128_offset(r, (c % 64) / 8) + (c % 8) * 2;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0)))
-                     : "memory");
-      }
-    }
-    cutlass::arch::fence_view_async_shared();  // the writes, visible to TMA
-    Tile::sync(barrier_id);
-    if (thread_idx == 0 && t.rows > 0) {  // rows 0: a cluster pair's empty half
-      const int i0 = t.m_block * kTileM + row0, j0 = t.n_block * kTileN;
-      CUTLASS_PRAGMA_UNROLL
-      for (int b = 0; b < kBoxes; ++b) {
-        if (j0 + 64 * b >= p.n_out) break;
-        if constexpr (kTransposed)
-          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * 64 * 64, i0, j0 + 64 * b, t.expert);
-        else
-          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * 64 * 64, j0 + 64 * b, i0, t.expert);
-      }
-      tma_store_arrive();
-    }
-  }
-
-  // After the warpgroup's last tile: TMA has read its buffer before the CTA's shared memory goes.
-  static __device__ void finish(int thread_idx) {
-    if (thread_idx == 0) cute::tma_store_wait<0>();
   }
 };
 
