@@ -515,6 +515,8 @@ def bench_backward_kernels(name, cfg, parts=None):
         "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False, tile_config=VARLEN_PP), 2 * gemm),
         "K5_co_n256": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),   # auto
         "K7_co_m256": (lambda: weight_grad(d_h, x, off, g, False), 2 * gemm),       # auto
+        "K5_co_c2x1": (lambda: weight_grad(d_out, a_scaled, off, g, True, tile_config=VARLEN_CO_C2X1), gemm),
+        "K7_co_c2x1": (lambda: weight_grad(d_h, x, off, g, False, tile_config=VARLEN_CO_C2X1), 2 * gemm),
         "gather_gmm_dw2": (lambda: torch._grouped_mm(d_out[g.long()].t(), a_scaled, offs=off[1:]), gemm),
         "gather_gmm_dw1": (lambda: torch._grouped_mm(d_h.t(), x[g.long()], offs=off[1:]), 2 * gemm),
     }
@@ -649,6 +651,7 @@ def bench_forward_kernels(name, cfg, parts=None):
 
 # The varlen kernel's configurations, by their short names in the forward_kernels table.
 VARLEN_PP = "varlen_pingpong_128x128x64"
+VARLEN_CO_C2X1 = "varlen_cooperative_128x256x64_c2x1"
 VARLEN_TILES = {VARLEN_PP: "pp", "varlen_cooperative_128x256x64": "co_n256",
                 "varlen_cooperative_256x128x64": "co_m256", "varlen_cooperative_128x256x64_c2x1": "co_n256_c2x1"}
 
@@ -774,10 +777,10 @@ KERNEL_TABLES = {
                          ("K4_down_proj_grad", "K4_pp", "K4_co_n256", "K4_co_m256", "K4_co_n256_c2x1", "K6_grouped_gemm_kn", "K6_pp",
                           "K6_co_n256", "K6_co_m256", "K6_co_n256_c2x1",
                           "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
-                          "gather_gmm_dw2", "gather_gmm_dw1"),
+                          "K5_co_c2x1", "K7_co_c2x1", "gather_gmm_dw2", "gather_gmm_dw1"),
                          "K4, K6 = auto; _pp = ping-pong 128x128, _co_n256 / _co_m256 = cooperative "
                          "128x256 / 256x128; "
-                         "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), gather_gmm = gathered copy + torch._grouped_mm"),
+                         "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), _co_c2x1 = cooperative in 2 x 1 clusters, gather_gmm = gathered copy + torch._grouped_mm"),
 }
 
 
