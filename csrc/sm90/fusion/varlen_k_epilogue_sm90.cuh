@@ -13,19 +13,13 @@
 
 namespace sonicmoe::sm90 {
 
-// stmatrix of four 8 x 8 bf16 matrices (addr: a shared-window address): v[j] is this lane's pair
-// (row lane / 4, columns 2 (lane % 4) + 0, 1) of matrix j, and lane l gives the address of
-// 16-byte row l % 8 of matrix l / 8. kTransposed: row i of a matrix in memory is its column i.
-template <bool kTransposed>
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&v)[4]) {
-  if constexpr (kTransposed)
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
-                 "r"(v[1]), "r"(v[2]), "r"(v[3])
-                 : "memory");
-  else
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
-                 "r"(v[1]), "r"(v[2]), "r"(v[3])
-                 : "memory");
+// stmatrix.trans of four 8 x 8 bf16 matrices (addr: a shared-window address): v[j] is this lane's
+// pair (row lane / 4, columns 2 (lane % 4) + 0, 1) of matrix j, lane l gives the address of the
+// 16-byte row l % 8 of matrix l / 8, and row i in memory is the matrix's column i.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&v)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
+               "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
 }
 
 // K5 / K7 on the cooperative tiles, whose K loops can be short (8 k steps per 64 KB output tile
@@ -66,40 +60,36 @@ struct TmaStoreEpilogue {
     if (thread_idx == 0) tma_store_wait<0>();  // the previous tile's boxes have been read
     Tile::sync(barrier_id);
     // Values i, i + 1 of mode 0 are columns c, c + 1 of one row (c even): value (v0, v1, g) = i
-    // is tile row 16 warp + lane / 4 + 8 v1, column 8 g + 2 (lane % 4) + v0. One stmatrix.x4 per
-    // pair of column groups p: its matrix j (v1 = j % 2, g = 2 p + j / 2) is the 8 x 8 block whose
-    // pairs are values 8 p + 2 j, 8 p + 2 j + 1, and lane l names row l % 8 of matrix l / 8.
+    // is tile row 16 warp + lane / 4 + 8 v1, column 8 g + 2 (lane % 4) + v0.
     static_assert(decltype(size<0>(accum))::value == kTileN / 2, "accumulator layout: (2, 2, kTileN / 8)");
-    const int lane = thread_idx % 32, warp = thread_idx / 32;
-    const int m = lane / 8, l8 = lane % 8;
     const uint32_t base = cast_smem_ptr_to_uint(s.boxes);
-    auto pairs = [&](int p, uint32_t (&v)[4]) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < 4; ++j) v[j] = pack_bf16x2(accum(8 * p + 2 * j, 0, 0), accum(8 * p + 2 * j + 1, 0, 0));
-    };
     if constexpr (kTransposed) {
-      // stmatrix.trans: lane l's row is tile column c = 8 g + l % 8, i.e. row c % 64 of box g / 8,
-      // holding tile rows 16 warp + 8 v1 + 0..7: chunk 2 warp + v1. The box row's swizzle key is
-      // l % 8, so the address is one per thread plus a constant per p.
+      // One stmatrix.x4.trans per pair of column groups p: its matrix j (v1 = j % 2, g = 2 p + j / 2)
+      // is the 8 x 8 block whose pairs are values 8 p + 2 j, 8 p + 2 j + 1, and lane l names the
+      // l % 8-th row in memory of matrix l / 8: tile column c = 8 g + l % 8, i.e. row c % 64 of box
+      // g / 8, holding tile rows 16 warp + 8 v1 + 0..7 (chunk 2 warp + v1). The box row's swizzle
+      // key is l % 8, so the address is one per thread plus a constant per p. 16 instructions a
+      // thread where 2-byte stores took 128: K7 2% faster at deepseek-v3 (session 34, call 2).
+      const int lane = thread_idx % 32, warp = thread_idx / 32;
+      const int m = lane / 8, l8 = lane % 8;
       const uint32_t thread_base = base + swizzle128_offset(8 * (m / 2) + l8, 2 * warp + m % 2);
       CUTLASS_PRAGMA_UNROLL
       for (int p = 0; p < kTileN / 16; ++p) {
         uint32_t v[4];
-        pairs(p, v);
-        stmatrix_x4<true>(thread_base + (p / 4) * kBoxBytes + (p % 4) * 2048, v);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 4; ++j) v[j] = pack_bf16x2(accum(8 * p + 2 * j, 0, 0), accum(8 * p + 2 * j + 1, 0, 0));
+        stmatrix_x4_trans(thread_base + (p / 4) * kBoxBytes + (p % 4) * 2048, v);
       }
     } else {
-      // Lane l's row is tile row 16 warp + 8 (m % 2) + l % 8, its chunk g % 8 = 2 (p % 4) + m / 2,
-      // swizzled to (2 (p % 4)) ^ (m / 2 ^ l % 8): four addresses per thread, one per p % 4.
-      const int row = 16 * warp + 8 * (m % 2) + l8;
-      uint32_t at[4];
+      // One 4-byte store per pair (a warp's 32 hit 8 rows whose chunks the swizzle spreads; the
+      // non-transposed stmatrix ran K5 1-3% slower: session 34, call 2).
       CUTLASS_PRAGMA_UNROLL
-      for (int q = 0; q < 4; ++q) at[q] = base + row * 128 + ((2 * q) ^ (m / 2) ^ l8) * 16;
-      CUTLASS_PRAGMA_UNROLL
-      for (int p = 0; p < kTileN / 16; ++p) {
-        uint32_t v[4];
-        pairs(p, v);
-        stmatrix_x4<false>(at[p % 4] + (p / 4) * kBoxBytes, v);
+      for (int i = 0; i < size<0>(accum); i += 2) {
+        const auto rc = coords(i, 0, 0);
+        const int r = get<0>(rc) - row0, c = get<1>(rc);
+        const uint32_t at = base + (c / 64) * kBoxBytes + swizzle128_offset(r, (c % 64) / 8) + (c % 8) * 2;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0)))
+                     : "memory");
       }
     }
     cutlass::arch::fence_view_async_shared();  // the writes, visible to TMA
