@@ -68,7 +68,7 @@ Status run_weight_grad(const WeightGradParams& p) {
   // cannot describe an empty tensor).
   const GemmTileConfig config = p.config == GemmTileConfig::kAuto
                                     ? sm90::choose_weight_grad_config(p.gather_a, p.partial_rows, p.m_total,
-                                                                      p.num_experts)
+                                                                      p.num_experts, p.m_out, p.n_out)
                                     : p.config;
   if (config == GemmTileConfig::kVarlenCooperative128x256x64C2x1 && p.m_total > 0)
     return sm90::run_weight_grad_cooperative_c2x1(p);

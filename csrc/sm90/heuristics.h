@@ -85,13 +85,19 @@ inline GemmTileConfig choose_down_proj_grad_config(int64_t n, int64_t d) {
 // (partial_rows) and empty problems take ping-pong's cp.async path. In 2 x 1 clusters (the TMA
 // side multicast within a pair of m blocks) where experts average >= kWeightGradClusterMinRows
 // rows, the K loop's length: on the H200 (session 25, two rounds) K7 ran 1.3-1.5% faster
-// clustered and K5 0.5-2.5% at 2048-4096 rows per expert, both 1-2% slower at 1536.
+// clustered and K5 0.5-2.5% at 2048-4096 rows per expert, both 1-2% slower at 1536 (paper-7b:
+// outputs of at most 3.1M elements an expert). Also where an expert's output has at least
+// kWeightGradClusterMinOutput elements, whatever its rows: at deepseek-v3 (512 rows, 14.7M / 29.4M
+// elements) with TMA stores, K7 ran 3.2% and K5 1.5-3.3% faster clustered (session 34, call 2):
+// there the multicast's L2 traffic saving outweighs the short K loop.
 constexpr int64_t kWeightGradClusterMinRows = 2048;
+constexpr int64_t kWeightGradClusterMinOutput = int64_t(1) << 23;
 
 inline GemmTileConfig choose_weight_grad_config(bool gather_a, bool partial_rows, int64_t m_total,
-                                                int num_experts) {
+                                                int num_experts, int64_t m_out, int64_t n_out) {
   if (partial_rows || m_total == 0) return GemmTileConfig::kVarlenPingpong128x128x64;
-  if (m_total >= kWeightGradClusterMinRows * num_experts) return GemmTileConfig::kVarlenCooperative128x256x64C2x1;
+  if (m_total >= kWeightGradClusterMinRows * num_experts || m_out * n_out >= kWeightGradClusterMinOutput)
+    return GemmTileConfig::kVarlenCooperative128x256x64C2x1;
   return gather_a ? GemmTileConfig::kVarlenCooperative128x256x64 : GemmTileConfig::kVarlenCooperative256x128x64;
 }
 

@@ -86,14 +86,19 @@ def _dw1_on_k7(n: int) -> bool:
     return n <= 1024 or n >= 2048
 
 
-# heuristics.h's kWeightGradClusterMinRows: K5 / K7 in 2 x 1 clusters where experts average this
-# many rows (session 25: 1-2.5% faster as kernels at 2048-4096 rows, 1-2% slower at 1536).
+# heuristics.h's kWeightGradClusterMinRows / kWeightGradClusterMinOutput: K5 / K7 in 2 x 1 clusters
+# where experts average this many rows (session 25: 1-2.5% faster as kernels at 2048-4096 rows,
+# 1-2% slower at 1536, where paper-7b's outputs have at most 3.1M elements an expert) or where an
+# expert's output has this many elements (session 34: 1.5-3.3% faster at deepseek-v3's 512 rows and
+# 14.7M / 29.4M elements).
 _WEIGHT_GRAD_CLUSTER_MIN_ROWS = 2048
+_WEIGHT_GRAD_CLUSTER_MIN_OUTPUT = 1 << 23
 
 
-def _weight_grad_tile(gather_a: bool, rows: int, num_experts: int) -> str:
-    """The layer's cooperative K5 (gather_a) / K7 tile for rows sorted rows over num_experts."""
-    if rows >= _WEIGHT_GRAD_CLUSTER_MIN_ROWS * num_experts:
+def _weight_grad_tile(gather_a: bool, rows: int, num_experts: int, out_elements: int) -> str:
+    """The layer's cooperative K5 (gather_a) / K7 tile for rows sorted rows over num_experts, each
+    expert's gradient having out_elements elements."""
+    if rows >= _WEIGHT_GRAD_CLUSTER_MIN_ROWS * num_experts or out_elements >= _WEIGHT_GRAD_CLUSTER_MIN_OUTPUT:
         return "varlen_cooperative_128x256x64_c2x1"
     return "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
 
@@ -140,10 +145,10 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
             d_row_score
     if need_w2:
         dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows,
-                          _weight_grad_tile(True, gather_idx.shape[0], w2.shape[0]))
+                          _weight_grad_tile(True, gather_idx.shape[0], w2.shape[0], w2[0].numel()))
     if need_w1 and _dw1_on_k7(w2.shape[2]):
         dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows,
-                          _weight_grad_tile(False, gather_idx.shape[0], w2.shape[0]))
+                          _weight_grad_tile(False, gather_idx.shape[0], w2.shape[0], w1[0].numel()))
     elif need_w1:  # a gathered copy of x
         dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=offsets[1:])
     return dx_rows, dw1, dw2, d_row_score

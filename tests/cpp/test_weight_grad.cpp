@@ -40,20 +40,25 @@ TEST(WeightGradHost, accepts_the_cooperative_tile_matching_the_gathered_side) {
 TEST(WeightGradHost, auto_takes_the_cooperative_tile_of_the_gathered_side_where_every_row_is_written) {
   using sonicmoe::GemmTileConfig;
   using sonicmoe::sm90::choose_weight_grad_config;
-  EXPECT_EQ(choose_weight_grad_config(true, false, 1000, 8), GemmTileConfig::kVarlenCooperative128x256x64);
-  EXPECT_EQ(choose_weight_grad_config(false, false, 1000, 8), GemmTileConfig::kVarlenCooperative256x128x64);
-  EXPECT_EQ(choose_weight_grad_config(true, true, 1000, 8), GemmTileConfig::kVarlenPingpong128x128x64);
-  EXPECT_EQ(choose_weight_grad_config(false, false, 0, 8), GemmTileConfig::kVarlenPingpong128x128x64);
+  EXPECT_EQ(choose_weight_grad_config(true, false, 1000, 8, 256, 512), GemmTileConfig::kVarlenCooperative128x256x64);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 1000, 8, 512, 256), GemmTileConfig::kVarlenCooperative256x128x64);
+  EXPECT_EQ(choose_weight_grad_config(true, true, 1000, 8, 256, 512), GemmTileConfig::kVarlenPingpong128x128x64);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 0, 8, 512, 256), GemmTileConfig::kVarlenPingpong128x128x64);
 }
 
-TEST(WeightGradHost, auto_clusters_the_cooperative_tile_where_experts_average_2048_rows) {
+TEST(WeightGradHost, auto_clusters_the_cooperative_tile_where_experts_average_2048_rows_or_outputs_are_large) {
   using sonicmoe::GemmTileConfig;
   using sonicmoe::sm90::choose_weight_grad_config;
-  // olmoe-1b-7b (4096 rows per expert), qwen3-30b-a3b (2048): clustered; paper-7b (1536): not.
-  EXPECT_EQ(choose_weight_grad_config(false, false, 32768 * 8, 64), GemmTileConfig::kVarlenCooperative128x256x64C2x1);
-  EXPECT_EQ(choose_weight_grad_config(true, false, 32768 * 8, 128), GemmTileConfig::kVarlenCooperative128x256x64C2x1);
-  EXPECT_EQ(choose_weight_grad_config(true, false, 24576 * 8, 128), GemmTileConfig::kVarlenCooperative128x256x64);
-  EXPECT_EQ(choose_weight_grad_config(false, true, 32768 * 8, 64), GemmTileConfig::kVarlenPingpong128x128x64);
+  constexpr auto kClustered = GemmTileConfig::kVarlenCooperative128x256x64C2x1;
+  // olmoe-1b-7b (4096 rows per expert), qwen3-30b-a3b (2048): clustered; paper-7b (1536 rows,
+  // outputs of at most 3.1M elements): not; deepseek-v3 (512 rows, 14.7M / 29.4M): clustered.
+  EXPECT_EQ(choose_weight_grad_config(false, false, 32768 * 8, 64, 2048, 2048), kClustered);
+  EXPECT_EQ(choose_weight_grad_config(true, false, 32768 * 8, 128, 2048, 768), kClustered);
+  EXPECT_EQ(choose_weight_grad_config(true, false, 24576 * 8, 128, 1536, 256), GemmTileConfig::kVarlenCooperative128x256x64);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 24576 * 2, 32, 2048, 1536), GemmTileConfig::kVarlenCooperative256x128x64);
+  EXPECT_EQ(choose_weight_grad_config(true, false, 16384 * 8, 256, 7168, 2048), kClustered);
+  EXPECT_EQ(choose_weight_grad_config(false, false, 16384 * 8, 256, 4096, 7168), kClustered);
+  EXPECT_EQ(choose_weight_grad_config(false, true, 32768 * 8, 64, 2048, 2048), GemmTileConfig::kVarlenPingpong128x128x64);
 }
 
 TEST(WeightGradHost, accepts_anchor_shapes) {

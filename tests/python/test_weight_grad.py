@@ -170,12 +170,18 @@ def test_weight_grad_rejects_bad_arguments(change, error, message):
         torch.ops.sonicmoe.weight_grad(*_cpu_args(**change).values())
 
 
-def test_layer_weight_grad_tile_clusters_where_experts_average_2048_rows():
+def test_layer_weight_grad_tile_clusters_where_experts_average_2048_rows_or_outputs_are_large():
     # The eager layer's K5 / K7 tile (functional._weight_grad_tile mirrors heuristics.h's rule).
     tile = sonicmoe.functional._weight_grad_tile
-    assert tile(True, 32768 * 8, 64) == tile(False, 32768 * 8, 128) == "varlen_cooperative_128x256x64_c2x1"
-    assert tile(True, 24576 * 8, 128) == "varlen_cooperative_128x256x64"
-    assert tile(False, 24576 * 8, 128) == "varlen_cooperative_256x128x64"
+    # olmoe-1b-7b (4096 rows an expert), paper-30b-n512 (2048): clustered.
+    assert tile(True, 32768 * 8, 64, 2048 * 1024) == tile(False, 32768 * 8, 128, 2 * 512 * 4096) \
+        == "varlen_cooperative_128x256x64_c2x1"
+    # paper-7b-n1024 (1536 rows, outputs of 1.6M / 3.1M elements): not.
+    assert tile(True, 24576 * 2, 32, 1536 * 1024) == "varlen_cooperative_128x256x64"
+    assert tile(False, 24576 * 2, 32, 2 * 1024 * 1536) == "varlen_cooperative_256x128x64"
+    # deepseek-v3 (512 rows, outputs of 14.7M / 29.4M elements): clustered.
+    assert tile(True, 16384 * 8, 256, 7168 * 2048) == tile(False, 16384 * 8, 256, 2 * 2048 * 7168) \
+        == "varlen_cooperative_128x256x64_c2x1"
 
 
 def test_layer_weight_gradients_take_the_gathered_copy_only_where_it_measured_faster():
