@@ -7,6 +7,8 @@ Variants (each a set of overrides of sonicmoe.functional while its step runs):
   base       the tree's rules (dW2 on K5 at every n, dW1 on K7 except at 1024 < n < 2048:
              session 33; before it the gathered copies at n >= 2048, for dW1 at n > 1024);
   k5k7_all   dW1 on K7 at every n too (no gathered copy in eager mode);
+  k57_rows_rule  K5 / K7 clustered only where experts average 2048 rows (before session 34, which
+             also clusters them where an expert's output has >= 2^23 elements: deepseek-v3);
   k4_c2x1    K4 on the clustered wide tile (config 10) wherever n % 256 == 0;
   k4_rule_s13  K4 on ping-pong 128 x 128 at d < 4096 (session 13's rule; the tree's takes the
              clustered wide tile from d 2048);
@@ -97,6 +99,13 @@ class _RouterTopK(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None, None
 
 
+def _weight_grad_tile_by_rows(gather_a, rows, num_experts, out_elements):
+    """K5 / K7's tile before session 34: clustered only where experts average 2048 rows."""
+    if rows >= 2048 * num_experts:
+        return WIDE_C2X1
+    return "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
+
+
 class _LayerApart:
     """The top-K layer as separate autograd nodes (router GEMM, R, moe_routed): autograd sums the
     two parts of dx in a pass of its own."""
@@ -110,6 +119,7 @@ class _LayerApart:
 OVERRIDES = {
     "base": {},
     "k5k7_all": {"_dw1_on_k7": lambda n: True},
+    "k57_rows_rule": {"_weight_grad_tile": _weight_grad_tile_by_rows},
     "k4_c2x1": {"down_proj_grad": _with_tile(_ops.down_proj_grad, WIDE_C2X1, _k4_n_fits)},
     "k4_rule_s13": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", _k4_below_4096)},
     "k4_pp": {"down_proj_grad": _with_tile(_ops.down_proj_grad, "varlen_pingpong_128x128x64", lambda *a, **k: True)},
