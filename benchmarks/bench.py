@@ -653,7 +653,7 @@ def bench_forward_kernels(name, cfg, parts=None):
 VARLEN_PP = "varlen_pingpong_128x128x64"
 VARLEN_CO_C2X1 = "varlen_cooperative_128x256x64_c2x1"
 VARLEN_TILES = {VARLEN_PP: "pp", "varlen_cooperative_128x256x64": "co_n256",
-                "varlen_cooperative_256x128x64": "co_m256", "varlen_cooperative_128x256x64_c2x1": "co_n256_c2x1"}
+                "varlen_cooperative_256x128x64": "co_m256", VARLEN_CO_C2X1: "co_n256_c2x1"}
 
 
 TOKEN_ROUNDING_SWEEPS = {

@@ -8,12 +8,12 @@
 
 namespace sonicmoe::sm90 {
 
-// The output (E, rows, cols) bf16 as a (cols, rows, E) TMA tensor in 64 x 64 boxes (TmaStoreEpilogue).
+// The output (E, rows, cols) bf16 as a (cols, rows, E) TMA tensor in box x box tiles (TmaStoreEpilogue).
 inline Status make_expert_output_tensor_map(CUtensorMap* map, void* out, int64_t rows, int64_t cols,
-                                            int num_experts) {
+                                            int num_experts, uint32_t box_side) {
   const uint64_t dims[3] = {uint64_t(cols), uint64_t(rows), uint64_t(num_experts)};
   const uint64_t strides[2] = {uint64_t(cols) * 2, uint64_t(cols) * uint64_t(rows) * 2};
-  const uint32_t box[3] = {64, 64, 1};
+  const uint32_t box[3] = {box_side, box_side, 1};
   return make_bf16_tensor_map(map, out, 3, dims, strides, box, "out");
 }
 
@@ -46,7 +46,7 @@ Status run_weight_grad_with(const WeightGradParams& p) {
   params.epilogue.n_out = static_cast<int>(p.n_out);
   if constexpr (kCooperative) {
     SONICMOE_TRY(make_expert_output_tensor_map(&params.epilogue.tma_out, p.out, kTransposedOut ? p.n_out : p.m_out,
-                                               kTransposedOut ? p.m_out : p.n_out, p.num_experts));
+                                               kTransposedOut ? p.m_out : p.n_out, p.num_experts, Epilogue::kBox));
   } else {
     params.epilogue.out = static_cast<Element*>(p.out);
   }

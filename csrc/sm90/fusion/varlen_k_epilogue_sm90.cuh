@@ -34,13 +34,13 @@ template <int kTileM, int kTileN, bool kTransposed>
 struct TmaStoreEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
-  static constexpr int kRows = 64;  // a warpgroup's tile rows (one 64-row WGMMA block)
-  static constexpr int kBoxes = kTileN / 64;
-  static constexpr int kBoxBytes = 64 * 64 * sizeof(Element);
-  static_assert(kTileM == 128 && kTileN % 64 == 0, "the cooperative tiles: 64 rows per warpgroup");
+  static constexpr int kBox = 64;  // a box is kBox x kBox: one 128-byte swizzle row wide (the host's map)
+  static constexpr int kBoxes = kTileN / kBox;
+  static constexpr int kBoxBytes = kBox * kBox * sizeof(Element);
+  static_assert(kTileM == 2 * kBox && kTileN % kBox == 0, "the cooperative tiles: a box's rows per warpgroup");
 
   struct alignas(1024) SmemTile {
-    Element boxes[kBoxes * 64 * 64];
+    Element boxes[kBoxes * kBox * kBox];
   };
 
   struct Params {
@@ -98,11 +98,11 @@ struct TmaStoreEpilogue {
       const int i0 = t.m_block * kTileM + row0, j0 = t.n_block * kTileN;
       CUTLASS_PRAGMA_UNROLL
       for (int b = 0; b < kBoxes; ++b) {
-        if (j0 + 64 * b >= p.n_out) break;
+        if (j0 + kBox * b >= p.n_out) break;
         if constexpr (kTransposed)
-          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * 64 * 64, i0, j0 + 64 * b, t.expert);
+          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * kBox * kBox, i0, j0 + kBox * b, t.expert);
         else
-          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * 64 * 64, j0 + 64 * b, i0, t.expert);
+          SM90_TMA_STORE_3D::copy(&p.tma_out, s.boxes + b * kBox * kBox, j0 + kBox * b, i0, t.expert);
       }
       tma_store_arrive();
     }
