@@ -224,6 +224,23 @@ struct CombineParams {
   cudaStream_t stream = nullptr;
 };
 
+// K8 (DESIGN §4): dx[t, :] = addend[t, :] + sum_k dx_rows[rev_idx[t, k], :], addend optional (the
+// router's part of dx, d_logits @ router_weight). Deterministic, fp32 sums, one bf16 rounding.
+struct CombineDxParams {
+  const void* dx_rows = nullptr;     // (num_rows, d) bf16, the sorted layout (K6's dX~)
+  const int32_t* rev_idx = nullptr;  // (num_tokens, top_k) int32, (t, k) -> row of dx_rows
+  const void* addend = nullptr;      // (num_tokens, d) bf16, or nullptr
+  void* out = nullptr;               // (num_tokens, d) bf16
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  int64_t d = 0;
+  int64_t num_rows = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_combine_dx(const CombineDxParams& params);
+// A rev_idx entry outside [0, num_rows) stops the kernel with a device-side trap.
+Status run_combine_dx(const CombineDxParams& params);
+
 // Combine with a variable number of rows per token (token rounding): out[t, :] =
 // sum over j in [token_offsets[t], token_offsets[t+1]) of row_scores[j] * y[rows[j], :], in order.
 struct CombineCsrParams {

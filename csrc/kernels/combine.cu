@@ -64,20 +64,22 @@ __device__ __forceinline__ void store_bf16(uint4* dst, const float (&acc)[kVec])
   *dst = packed;
 }
 
+// K3, and K8 with scores == nullptr: unit weights, the sum starting from addend[t] (the router's
+// part of dx, d_logits @ router_weight from cuBLAS) when given. One warp per token.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
-               const int32_t* __restrict__ rev_idx, uint4* __restrict__ out, int64_t num_tokens,
-               int top_k, int64_t vecs_per_row, int64_t num_rows) {
+               const int32_t* __restrict__ rev_idx, const uint4* __restrict__ addend, uint4* __restrict__ out,
+               int64_t num_tokens, int top_k, int64_t vecs_per_row, int64_t num_rows) {
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= num_tokens) return;
 
   // Lane k holds (row, score) of pair (t, k); the others are broadcast by shuffles.
   int32_t my_row = 0;
-  float my_score = 0.f;
+  float my_score = 1.f;
   if (lane < top_k) {
     my_row = rev_idx[t * top_k + lane];
-    my_score = scores[t * top_k + lane];
+    if (scores != nullptr) my_score = scores[t * top_k + lane];
     if (my_row < 0 || my_row >= num_rows) {
       printf("sonicmoe combine: rev_idx[%lld, %d] = %d is outside [0, %lld)\n",
              static_cast<long long>(t), lane, my_row, static_cast<long long>(num_rows));
@@ -87,6 +89,7 @@ combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
 
   for (int64_t v = lane; v - lane < vecs_per_row; v += 32) {
     float acc[kVec] = {};
+    if (addend != nullptr && v < vecs_per_row) accumulate(acc, __ldg(&addend[t * vecs_per_row + v]), 1.f);
     accumulate_rows(acc, y, vecs_per_row, v, top_k, my_row, my_score);
     if (v < vecs_per_row) store_bf16(&out[t * vecs_per_row + v], acc);
   }
@@ -129,18 +132,22 @@ std::string value_rule(const char* name, int64_t value, const char* rule) {
   return rule_message("combine", name, value, rule);
 }
 
+// The rules K3 (combine) and K8 (combine_dx) share.
+std::string check_gather_sum(const char* op, int64_t num_tokens, int top_k, int64_t d, int64_t num_rows) {
+  if (num_tokens < 0 || num_tokens > INT_MAX * int64_t(kWarpsPerBlock))
+    return rule_message(op, "num_tokens", num_tokens, "must be in [0, 2^33)");
+  if (top_k < 1 || top_k > kMaxTopK) return rule_message(op, "top_k", top_k, "must be in [1, 32]");
+  if (d < kVec || d % kVec != 0)
+    return rule_message(op, "d", d, "must be a positive multiple of 8 (16-byte vectors)");
+  if (num_rows < 0 || num_rows > INT32_MAX)
+    return rule_message(op, "num_rows", num_rows, "must be in [0, 2^31 - 1] (int32 rev_idx)");
+  return {};
+}
+
 }  // namespace
 
 std::string check_combine(const CombineParams& p) {
-  if (p.num_tokens < 0 || p.num_tokens > INT_MAX * int64_t(kWarpsPerBlock))
-    return value_rule("num_tokens", p.num_tokens, "must be in [0, 2^33)");
-  if (p.top_k < 1 || p.top_k > kMaxTopK)
-    return value_rule("top_k", p.top_k, "must be in [1, 32]");
-  if (p.d < kVec || p.d % kVec != 0)
-    return value_rule("d", p.d, "must be a positive multiple of 8 (16-byte vectors)");
-  if (p.num_rows < 0 || p.num_rows > INT32_MAX)
-    return value_rule("num_rows", p.num_rows, "must be in [0, 2^31 - 1] (int32 rev_idx)");
-  return {};
+  return check_gather_sum("combine", p.num_tokens, p.top_k, p.d, p.num_rows);
 }
 
 Status run_combine(const CombineParams& p) {
@@ -153,7 +160,7 @@ Status run_combine(const CombineParams& p) {
     return Status::error("combine: y and out must be 16-byte aligned");
   const int64_t blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
-      static_cast<const uint4*>(p.y), p.scores, p.rev_idx, static_cast<uint4*>(p.out),
+      static_cast<const uint4*>(p.y), p.scores, p.rev_idx, nullptr, static_cast<uint4*>(p.out),
       p.num_tokens, p.top_k, p.d / kVec, p.num_rows);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
@@ -186,6 +193,30 @@ Status run_combine_csr(const CombineCsrParams& p) {
   combine_csr_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
       static_cast<const uint4*>(p.y), p.row_scores, p.rows, p.token_offsets, static_cast<uint4*>(p.out),
       p.num_tokens, p.d / kVec, p.num_rows);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace sonicmoe
+
+namespace sonicmoe {
+
+std::string check_combine_dx(const CombineDxParams& p) {
+  return check_gather_sum("combine_dx", p.num_tokens, p.top_k, p.d, p.num_rows);
+}
+
+Status run_combine_dx(const CombineDxParams& p) {
+  std::string problem = check_combine_dx(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.num_tokens == 0) return Status::success();
+  if (p.dx_rows == nullptr || p.rev_idx == nullptr || p.out == nullptr)
+    return Status::error("combine_dx: dx_rows, rev_idx and out must be non-null");
+  if (!aligned16(p.dx_rows) || !aligned16(p.out) || (p.addend != nullptr && !aligned16(p.addend)))
+    return Status::error("combine_dx: dx_rows, addend and out must be 16-byte aligned");
+  const int64_t blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
+      static_cast<const uint4*>(p.dx_rows), nullptr, p.rev_idx, static_cast<const uint4*>(p.addend),
+      static_cast<uint4*>(p.out), p.num_tokens, p.top_k, p.d / kVec, p.num_rows);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
 }

@@ -44,6 +44,8 @@ TORCH_LIBRARY(sonicmoe, m) {
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
+  // K8: dx[t] = addend[t] + sum_k dx_rows[rev_idx[t,k]] (addend: the router's part of dx, optional).
+  m.def("combine_dx(Tensor dx_rows, Tensor rev_idx, Tensor? addend=None) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.
   m.def("combine_csr(Tensor y, Tensor row_scores, Tensor rows, Tensor token_offsets) -> Tensor");
 }
@@ -61,6 +63,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cuda);
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cuda);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cuda);
+  m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
@@ -76,4 +79,5 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("down_proj_grad", &sonicmoe::torch_ops::down_proj_grad_cpu);
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cpu);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cpu);
+  m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cpu);
 }

@@ -1,7 +1,10 @@
-// torch.ops.sonicmoe.combine: validation, allocation, launch on the current stream.
+// torch.ops.sonicmoe.combine, combine_csr (K3) and combine_dx (K8): validation, allocation, launch
+// on the current stream.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <optional>
 
 #include "sonicmoe.h"
 #include "torch/checks.h"
@@ -122,6 +125,70 @@ at::Tensor combine_csr_cpu(const at::Tensor& y, const at::Tensor& row_scores, co
   check_combine_csr_args(y, row_scores, rows, token_offsets);
   check_same_cuda_device("combine_csr", {{&y, "y"}, {&row_scores, "row_scores"}, {&rows, "rows"},
                                          {&token_offsets, "token_offsets"}});  // raises: CPU
+  return {};
+}
+
+namespace {
+
+constexpr const char* kDxOp = "combine_dx";
+
+void check_combine_dx_args(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
+                           const std::optional<at::Tensor>& addend) {
+  check_dtype(kDxOp, dx_rows, "dx_rows", at::kBFloat16);
+  check_dtype(kDxOp, rev_idx, "rev_idx", at::kInt);
+  check_dim(kDxOp, dx_rows, "dx_rows", 2, "(num_rows, d)");
+  check_dim(kDxOp, rev_idx, "rev_idx", 2, "(T, K)");
+  check_contiguous(kDxOp, dx_rows, "dx_rows");
+  check_contiguous(kDxOp, rev_idx, "rev_idx");
+  check_aligned16(kDxOp, dx_rows, "dx_rows");
+  if (addend.has_value()) {
+    check_dtype(kDxOp, *addend, "addend", at::kBFloat16);
+    check_arg(addend->dim() == 2 && addend->size(0) == rev_idx.size(0) && addend->size(1) == dx_rows.size(1), kDxOp,
+              "addend.shape", list_text(addend->sizes()),
+              "must be (T, d) = (" + text(rev_idx.size(0)) + ", " + text(dx_rows.size(1)) + ")");
+    check_contiguous(kDxOp, *addend, "addend");
+    check_aligned16(kDxOp, *addend, "addend");
+  }
+  CombineDxParams p;
+  p.num_tokens = rev_idx.size(0);
+  p.top_k = static_cast<int>(rev_idx.size(1));
+  p.d = dx_rows.size(1);
+  p.num_rows = dx_rows.size(0);
+  const std::string problem = check_combine_dx(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
+}  // namespace
+
+at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
+                           const std::optional<at::Tensor>& addend) {
+  check_combine_dx_args(dx_rows, rev_idx, addend);
+  if (addend.has_value()) {
+    check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}, {&*addend, "addend"}});
+  } else {
+    check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}});
+  }
+  const c10::cuda::CUDAGuard guard(dx_rows.device());
+  at::Tensor out = at::empty({rev_idx.size(0), dx_rows.size(1)}, dx_rows.options());
+  CombineDxParams p;
+  p.dx_rows = dx_rows.data_ptr();
+  p.rev_idx = rev_idx.data_ptr<int32_t>();
+  p.addend = addend.has_value() ? addend->data_ptr() : nullptr;
+  p.out = out.data_ptr();
+  p.num_tokens = rev_idx.size(0);
+  p.top_k = static_cast<int>(rev_idx.size(1));
+  p.d = dx_rows.size(1);
+  p.num_rows = dx_rows.size(0);
+  p.stream = c10::cuda::getCurrentCUDAStream(dx_rows.get_device()).stream();
+  const Status status = run_combine_dx(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return out;
+}
+
+at::Tensor combine_dx_cpu(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
+                          const std::optional<at::Tensor>& addend) {
+  check_combine_dx_args(dx_rows, rev_idx, addend);
+  check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}});  // raises: CPU
   return {};
 }
 

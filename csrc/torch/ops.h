@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <tuple>
 
 namespace sonicmoe::torch_ops {
@@ -63,6 +64,12 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Te
 // combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
 at::Tensor combine_cpu(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);
+
+// combine_dx(Tensor dx_rows, Tensor rev_idx, Tensor? addend) -> Tensor
+at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
+                           const std::optional<at::Tensor>& addend);
+at::Tensor combine_dx_cpu(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
+                          const std::optional<at::Tensor>& addend);
 
 // router_topk(Tensor logits, int top_k, int mode) -> (Tensor scores, Tensor experts)
 std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode);

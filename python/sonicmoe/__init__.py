@@ -7,7 +7,7 @@ sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
 """
 
 from . import reference
-from ._ops import (GEMM_TILE_CONFIGS, combine, combine_csr, device_routing_metadata, down_proj_grad,
+from ._ops import (GEMM_TILE_CONFIGS, combine, combine_csr, combine_dx, device_routing_metadata, down_proj_grad,
                    extension_available, grouped_gemm, grouped_gemm_kn, h_column_order, router_topk, up_proj,
                    weight_grad)
 from .functional import moe, moe_routed
@@ -20,6 +20,7 @@ __all__ = [
     "RoutingMetadata",
     "combine",
     "combine_csr",
+    "combine_dx",
     "device_routing_metadata",
     "down_proj_grad",
     "extension_available",

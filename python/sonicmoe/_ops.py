@@ -214,6 +214,17 @@ def combine(y: torch.Tensor, scores: torch.Tensor, rev_idx: torch.Tensor) -> tor
     return torch.ops.sonicmoe.combine(y, scores.float(), rev_idx)
 
 
+def combine_dx(dx_rows: torch.Tensor, rev_idx: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """K8: dx[t] = addend[t] + sum_k dx_rows[rev_idx[t, k]], fp32 sums rounded once to bf16,
+    deterministic. addend (optional, (T, d) bf16) is the router's part of dx (d_logits @
+    router_weight), so that it needs no pass over dx of its own.
+
+    dx_rows: (rows, d) bf16 in the sorted layout (K6's dX~); rev_idx: (T, K) int32. Returns (T, d) bf16.
+    """
+    _require_extension()
+    return torch.ops.sonicmoe.combine_dx(dx_rows, rev_idx, addend)
+
+
 def combine_csr(y, row_scores, rows, token_offsets) -> torch.Tensor:
     """K3 for a variable number of rows per token: out[t] = sum over entries j of token t
     (token_offsets[t] <= j < token_offsets[t+1]) of row_scores[j] * y[rows[j]], fp32, in order."""
@@ -289,6 +300,11 @@ if _C is not None:
     @torch.library.register_fake("sonicmoe::combine_csr")
     def _combine_csr_fake(y, row_scores, rows, token_offsets):
         return y.new_empty((token_offsets.shape[0] - 1, y.shape[1]))
+
+    @torch.library.register_fake("sonicmoe::combine_dx")
+    def _combine_dx_fake(dx_rows, rev_idx, addend=None):
+        torch._check(dx_rows.dim() == 2 and rev_idx.dim() == 2, lambda: "combine_dx: dx_rows and rev_idx must be 2-D")
+        return dx_rows.new_empty((rev_idx.shape[0], dx_rows.shape[1]))
 
     @torch.library.register_fake("sonicmoe::combine")
     def _combine_fake(y, scores, rev_idx):

@@ -8,8 +8,7 @@ can be captured in a CUDA graph.
 Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients on our
 K5/K7 (weight_grad) where they outrun torch._grouped_mm over gathered copies, which eager mode
 uses elsewhere; compiled graphs run K5/K7 (see _experts_backward). sonicmoe.moe's top-K layer is
-one autograd Function (_MoELayer), whose backward adds the router's part of dx onto K8's output
-inside the router's GEMM.
+one autograd Function (_MoELayer), whose backward starts K8's sum from the router's part of dx.
 Token rounding runs the same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _ops, reference
-from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, device_routing_metadata,
+from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, combine_dx, device_routing_metadata,
                    down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_topk,
                    up_proj, weight_grad)
 from .routing import (dense_routing_metadata_expert_major, dense_row_bound, scores_from_logits,
@@ -164,16 +163,16 @@ def _routed_forward(x, w1, w2, scores, experts, keep_h):
 
 
 def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx):
-    """_experts_backward over (T, K) routing, then K8 (dX as a gather-and-sum by combine).
-    needs: (dx, dw1, dw2, dscores). Returns (dx, dw1, dw2, dscores)."""
+    """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores).
+    Returns (dx_rows, dw1, dw2, dscores): dx_rows is K6's dX~ in the sorted layout (None unless
+    needs[0]), which K8 (combine_dx) sums per token."""
     rows = rev_idx.reshape(-1).long()
     row_score = scores.new_empty(gather_idx.shape[0])
     row_score[rows] = scores.reshape(-1)
     dx_rows, dw1, dw2, d_row_score = _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets,
                                                        gather_idx, partial_rows=False)
     dscores = d_row_score[rows].view(scores.shape) if d_row_score is not None else None
-    dx = combine(dx_rows, torch.ones_like(scores), rev_idx).to(x.dtype) if dx_rows is not None else None
-    return dx, dw1, dw2, dscores
+    return dx_rows, dw1, dw2, dscores
 
 
 class _MoEExperts(torch.autograd.Function):
@@ -192,16 +191,18 @@ class _MoEExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w1, w2, scores, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
-        dx, dw1, dw2, dscores = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores, h,
-                                                 offsets, gather_idx, rev_idx)
+        dx_rows, dw1, dw2, dscores = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores, h,
+                                                      offsets, gather_idx, rev_idx)
+        dx = combine_dx(dx_rows, rev_idx) if dx_rows is not None else None
         return dx, dw1, dw2, dscores, None, None
 
 
 class _MoELayer(torch.autograd.Function):
     """The top-K layer with R on its kernel: router GEMM, R, the expert MLPs and combine in one
-    Function, so that backward adds the router's part of dx inside the GEMM that computes it
-    (cuBLAS with beta = 1 onto K8's output). Apart, autograd sums the two parts of dx in a
-    pass of its own over T x d (read twice, written once: 94 µs of olmoe-1b-7b's backward).
+    Function, so that backward adds the router's part of dx, d_logits @ router_weight (cuBLAS),
+    inside K8's sum (combine_dx's addend). Apart, autograd sums the two parts of dx in a pass of
+    its own over T x d (read twice, written once: 94 µs of olmoe-1b-7b's backward); cuBLAS's addmm
+    onto K8's output (beta = 1) read and wrote dx once more (95 µs there).
 
     Saves what the parts did: x, the router and expert weights (the caller's), the scores and
     expert ids, the logits for softmax_topk only, H and the int32 metadata."""
@@ -222,16 +223,16 @@ class _MoELayer(torch.autograd.Function):
         x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
         need_logits = need_x or need_router
-        dx, dw1, dw2, dscores = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1, w2,
-                                                 scores, h, offsets, gather_idx, rev_idx)
-        d_router = None
+        dx_rows, dw1, dw2, dscores = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1,
+                                                      w2, scores, h, offsets, gather_idx, rev_idx)
+        dx = d_router = None
         if need_logits:
             d_logits = router_scores_backward(logits, scores, experts, dscores, ctx.routing,
                                               num_experts=router_weight.shape[0]).to(x.dtype)
             if need_router:
                 d_router = d_logits.t() @ x
-            if need_x:
-                dx = dx.addmm_(d_logits, router_weight)
+        if need_x:  # then need_logits
+            dx = combine_dx(dx_rows, rev_idx, d_logits @ router_weight)
         return dx, d_router, dw1, dw2, None, None, None
 
 

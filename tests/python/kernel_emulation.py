@@ -137,6 +137,11 @@ def combine(y, scores, rev_idx):
     return (scores.float().unsqueeze(-1) * y[rev_idx.long()].float()).sum(dim=1).bfloat16()
 
 
+def combine_dx(dx_rows, rev_idx, addend=None):
+    dx = dx_rows[rev_idx.long()].float().sum(dim=1)
+    return (dx if addend is None else dx + addend.float()).bfloat16()
+
+
 def combine_csr(y, row_scores, rows, token_offsets):
     T = token_offsets.shape[0] - 1
     counts = (token_offsets[1:] - token_offsets[:-1]).long()
@@ -148,7 +153,7 @@ def combine_csr(y, row_scores, rows, token_offsets):
 
 OPS = {f.__name__: f for f in (grouped_gemm, grouped_gemm_kn, up_proj, down_proj_grad, weight_grad, router_topk,
                                 rounding_probs, routing_metadata, token_rounding_assign, dense_layout, combine,
-                                combine_csr)}
+                                combine_csr, combine_dx)}
 
 
 @contextlib.contextmanager

@@ -139,3 +139,95 @@ def test_combine_csr_matches_torch(T, rows, max_per_token, d):
     assert out.shape == (T, d)
     if T:
         assert ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)) <= 1e-2
+
+
+# ---------------------------------------------------------------- combine_dx (K8)
+
+def dx_inputs(T, E, K, d, device, gen, addend=True):
+    """K6's rows, rev_idx and the router's part of dx (T, d), bf16 (None without addend)."""
+    experts = torch.rand(T, E, generator=gen, device=device).argsort(dim=-1)[:, :K]
+    rev_idx = routing_metadata(experts, E).rev_idx
+    dx_rows = torch.randn(T * K, d, generator=gen, device=device).bfloat16()
+    part = torch.randn(T, d, generator=gen, device=device).bfloat16() if addend else None
+    return dx_rows, rev_idx, part
+
+
+def dx_reference(dx_rows, rev_idx, addend):
+    ref = dx_rows.double()[rev_idx.long()].sum(1)
+    return ref if addend is None else ref + addend.double()
+
+
+def valid_dx_cpu():
+    return dx_inputs(6, 4, 2, 64, "cpu", generator("cpu", "valid_dx"))
+
+
+DX_CASES = [
+    ("dx_rows dtype", lambda r, i, a: (r.float(), i, a), TypeError,
+     "combine_dx: dx_rows.dtype = Float breaks the rule: must be BFloat16"),
+    ("rev_idx dtype", lambda r, i, a: (r, i.long(), a), TypeError,
+     "combine_dx: rev_idx.dtype = Long breaks the rule: must be Int"),
+    ("addend dtype", lambda r, i, a: (r, i, a.float()), TypeError,
+     "combine_dx: addend.dtype = Float breaks the rule: must be BFloat16"),
+    ("addend shape", lambda r, i, a: (r, i, a[:5]), ValueError,
+     "combine_dx: addend.shape = [5, 64] breaks the rule: must be (T, d) = (6, 64)"),
+    ("addend contiguity", lambda r, i, a: (r, i, a.t().contiguous().t()), ValueError,
+     "combine_dx: addend.stride() = [1, 6] breaks the rule: must be contiguous"),
+    ("d multiple of 8", lambda r, i, a: (r[:, :60].contiguous(), i, None), ValueError,
+     "combine_dx: d = 60 breaks the rule: must be a positive multiple of 8"),
+    ("top_k range", lambda r, i, a: (r, i[:, :0], a), ValueError,
+     "combine_dx: top_k = 0 breaks the rule: must be in [1, 32]"),
+    ("rev_idx dim", lambda r, i, a: (r, i[0], a), ValueError,
+     "combine_dx: rev_idx.shape = [2] breaks the rule: must be 2-D (T, K)"),
+    ("device", lambda r, i, a: (r, i, a), ValueError,
+     "combine_dx: dx_rows.device = cpu breaks the rule: must be a CUDA device"),
+]
+
+
+@requires_extension
+@pytest.mark.parametrize("name,mutate,exc,message", DX_CASES, ids=[c[0] for c in DX_CASES])
+def test_combine_dx_rejects(name, mutate, exc, message):
+    with pytest.raises(exc, match=re.escape(message)):
+        torch.ops.sonicmoe.combine_dx(*mutate(*valid_dx_cpu()))
+
+
+@requires_hopper
+@pytest.mark.parametrize("addend", [True, False], ids=["addend", "rows_only"])
+@pytest.mark.parametrize("T,E,K,d", [(1, 1, 1, 8), (7, 8, 2, 64), (1000, 128, 8, 1536), (333, 64, 8, 2048),
+                                     (257, 256, 16, 7168), (100, 40, 32, 256), (64, 16, 3, 2056)])
+def test_combine_dx_matches_reference(T, E, K, d, addend):
+    inputs = dx_inputs(T, E, K, d, "cuda", generator("cuda", "dx", T, E, K, d), addend)
+    torch.full((T * d,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
+    out = sonicmoe.combine_dx(*inputs)
+    ref = dx_reference(*inputs)
+    assert out.shape == (T, d) and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    # One bf16 rounding of an fp32 sum: within 2^-8 of each value.
+    assert bool(((out.double() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-6).all())
+
+
+@requires_hopper
+def test_combine_dx_is_deterministic_and_unit_weighted():
+    dx_rows, rev_idx, part = dx_inputs(4096, 64, 8, 1024, "cuda", generator("cuda", "dx_det"))
+    first = sonicmoe.combine_dx(dx_rows, rev_idx, part)
+    for _ in range(3):
+        assert torch.equal(sonicmoe.combine_dx(dx_rows, rev_idx, part), first)
+    # Without the addend it is K3 with every score 1, bit for bit (the same sum order).
+    ones = torch.ones(rev_idx.shape, device="cuda")
+    assert torch.equal(sonicmoe.combine_dx(dx_rows, rev_idx), sonicmoe.combine(dx_rows, ones, rev_idx))
+
+
+@requires_hopper
+def test_combine_dx_empty_and_opcheck_and_graph():
+    dx_rows, rev_idx, part = dx_inputs(50, 8, 2, 128, "cuda", generator("cuda", "dx_misc"))
+    assert sonicmoe.combine_dx(dx_rows[:0], rev_idx[:0], part[:0]).shape == (0, 128)
+    torch.library.opcheck(torch.ops.sonicmoe.combine_dx, (dx_rows, rev_idx, part))
+    torch.library.opcheck(torch.ops.sonicmoe.combine_dx, (dx_rows, rev_idx))
+    sonicmoe.combine_dx(dx_rows, rev_idx, part)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.sonicmoe.combine_dx(dx_rows, rev_idx, part)
+    part.copy_(torch.randn_like(part, dtype=torch.float32).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = dx_reference(dx_rows, rev_idx, part)
+    assert bool(((out.double() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-6).all())
