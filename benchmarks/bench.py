@@ -200,11 +200,23 @@ def bench_combine(name, cfg):
     out = sonicmoe.combine(y, scores, rev_idx)
     ref = (scores.double()[..., None] * y.double()[idx]).sum(1)
     err = float((out.double() - ref).norm() / ref.norm())
+    # K8: the backward's dx from K6's rows and the router's part d_logits @ router_weight: that
+    # product (cuBLAS) as the start of combine_dx's sum, or (before session 35) cuBLAS's addmm
+    # onto an unweighted combine's output.
+    d_logits = (0.01 * torch.randn(T, E, device="cuda")).bfloat16()
+    router = (0.02 * torch.randn(E, d, device="cuda")).bfloat16()
+    ones = torch.ones_like(scores)
+    k8 = {"k8_router_as_addend": lambda: sonicmoe.combine_dx(y, rev_idx, d_logits @ router),
+          "k8_router_by_addmm": lambda: sonicmoe.combine(y, ones, rev_idx).addmm_(d_logits, router),
+          "k8_rows_only": lambda: sonicmoe.combine_dx(y, rev_idx)}
+    k8_ref = y.double()[idx].sum(1) + d_logits.double() @ router.double()
+    k8_err = float((k8["k8_router_as_addend"]().double() - k8_ref).norm() / k8_ref.norm())
     ms = time_interleaved({"sonicmoe": lambda: sonicmoe.combine(y, scores, rev_idx),
-                           "torch": torch_combine})
-    return {"config": name, "T": T, "K": K, "d": d, "rel_err": err,
+                           "torch": torch_combine, **k8})
+    return {"config": name, "T": T, "K": K, "d": d, "E": E, "rel_err": err, "k8_rel_err": k8_err,
             "sonicmoe_GBps": bytes_moved / ms["sonicmoe"] / 1e6,
-            "torch_GBps": bytes_moved / ms["torch"] / 1e6, "sonicmoe_ms": ms["sonicmoe"]}
+            "torch_GBps": bytes_moved / ms["torch"] / 1e6, "sonicmoe_ms": ms["sonicmoe"],
+            **{f"{k}_us": ms[k] * 1e3 for k in k8}}
 
 
 # --data: the values the layer benchmarks run on. The card runs a training step at its power cap,
@@ -838,6 +850,12 @@ def main():
             print(f"{r['config']:<18}{r['T']:>7}{r['K']:>4}{r['d']:>6}{r['sonicmoe_ms']:>8.3f}"
                   f"{r['sonicmoe_GBps']:>8.0f}{frac:>9.2f}{r['torch_GBps']:>12.0f}{r['rel_err']:>9.1e}")
         print(f"(combine: bytes = T*K*d*2 read + T*d*2 written + indices; copy ceiling {ceiling} GB/s)\n")
+        print(f"{'config':<18}{'E':>5}{'K8 router as addend':>21}{'by addmm':>10}{'rows only':>11}{'err':>9}")
+        for r in combine_rows:
+            print(f"{r['config']:<18}{r['E']:>5}{r['k8_router_as_addend_us']:>21.1f}"
+                  f"{r['k8_router_by_addmm_us']:>10.1f}{r['k8_rows_only_us']:>11.1f}{r['k8_rel_err']:>9.1e}")
+        print("(K8, us: dx = the K rows' sum + d_logits @ router_weight: that product by cuBLAS as combine_dx's "
+              "addend, or cuBLAS's addmm onto an unweighted combine; rows only: combine_dx without it)\n")
     if "moe_forward" in ops:
         fwd_rows = per_config(names, lambda name: bench_moe_forward(name, configs[name], anchors["rows"]),
                               out / "moe_forward.json")

@@ -17,7 +17,9 @@ Variants (each a set of overrides of sonicmoe.functional while its step runs):
   k2_co, k2_c2x1  (forward) K2 on the varlen wide tile, unclustered / clustered, where d % 256 == 0;
   k1_co, k1_c2x1  (forward) K1 on the wide tile unclustered / clustered wherever n % 128 == 0;
   router_apart  the router GEMM, R and the expert MLPs as separate autograd nodes (before session
-             15's _MoELayer: autograd adds the router's part of dx in a pass of its own).
+             15's _MoELayer: autograd adds the router's part of dx in a pass of its own);
+  k8_addmm   K8 as before session 35: K3's combine with unit scores, then the router's part of dx
+             by cuBLAS's addmm onto its output (the tree's K8 starts its sum from that part).
 With --measure forward the table is the training forward's TFLOP/s under each variant (H kept).
 Session 14's call 3 also ran K4 on the ping-pong 64 x 256 tile of experiments/pingpong_64x256.diff
 here (config 11 where n % 256 == 0 and d < 4096; measured and dropped, docs/perf-notes.md).
@@ -116,6 +118,23 @@ class _LayerApart:
         return F.moe_routed(x, w1, w2, scores, experts)
 
 
+class _LayerK8Addmm(F._MoELayer):
+    """_MoELayer with K8 as before session 35: K3's combine with unit scores, then the router's
+    part of dx by cuBLAS onto its output (addmm with beta = 1: dx read and written once more)."""
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
+        need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
+        dx_rows, dw1, dw2, dscores = F._routed_backward((need_x, need_w1, need_w2, need_x or need_router), grad_out,
+                                                        x, w1, w2, scores, h, offsets, gather_idx, rev_idx)
+        d_logits = F.router_scores_backward(logits, scores, experts, dscores, ctx.routing,
+                                            num_experts=router_weight.shape[0]).to(x.dtype)
+        d_router = d_logits.t() @ x if need_router else None
+        dx = _ops.combine(dx_rows, torch.ones_like(scores), rev_idx).addmm_(d_logits, router_weight) if need_x else None
+        return dx, d_router, dw1, dw2, None, None, None
+
+
 OVERRIDES = {
     "base": {},
     "k5k7_all": {"_dw1_on_k7": lambda n: True},
@@ -129,6 +148,7 @@ OVERRIDES = {
     "k1_co": {"up_proj": _with_tile(_ops.up_proj, "varlen_cooperative_128x256x64", _k1_fits)},
     "k1_c2x1": {"up_proj": _with_tile(_ops.up_proj, WIDE_C2X1, _k1_fits)},
     "router_apart": {"_MoELayer": _LayerApart},
+    "k8_addmm": {"_MoELayer": _LayerK8Addmm},
 }
 
 
