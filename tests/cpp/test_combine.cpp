@@ -48,6 +48,26 @@ TEST(CombineHost, empty_launches_nothing_and_null_pointers_are_refused) {
   EXPECT_TRUE(sonicmoe::run_combine(p).ok());
 }
 
+TEST(CombineDxHost, shares_combines_rules_under_its_own_name) {
+  sonicmoe::CombineDxParams p;
+  p.num_tokens = 100;
+  p.top_k = 8;
+  p.d = 2048;
+  p.num_rows = 800;
+  EXPECT_EQ(sonicmoe::check_combine_dx(p), "");
+  EXPECT_NE(sonicmoe::run_combine_dx(p).message.find("combine_dx: dx_rows, rev_idx and out must be non-null"),
+            std::string::npos);
+  p.d = 100;
+  EXPECT_NE(sonicmoe::check_combine_dx(p).find("combine_dx: d = 100 breaks the rule: must be a positive multiple of 8"),
+            std::string::npos);
+  p.d = 2048;
+  p.top_k = 33;
+  EXPECT_NE(sonicmoe::check_combine_dx(p).find("combine_dx: top_k = 33 breaks"), std::string::npos);
+  p.top_k = 8;
+  p.num_tokens = 0;
+  EXPECT_TRUE(sonicmoe::run_combine_dx(p).ok());  // nothing to launch, no pointer needed
+}
+
 TEST(SM90_Combine, bf16_matches_cpu_loop) {
   if (!sonicmoe::test::hopper_available()) GTEST_SKIP() << "needs a Hopper (sm_90) GPU";
   const int T = 300, K = 6, d = 264;
