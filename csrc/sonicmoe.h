@@ -289,6 +289,32 @@ struct RouterTopkParams {
 std::string check_router_topk(const RouterTopkParams& params);
 Status run_router_topk(const RouterTopkParams& params);
 
+// R's backward for sonicmoe.moe's top-K layer: d_logits (T, E) bf16 from the score gradients of
+// each token's K rows, dS_k = the sum of K4's slots d_score_partial[rev_idx[t, k], :] in order.
+// With w_k = dS_k s_k and W = sum_k w_k: softmax_topk gives w_k at the chosen experts minus
+// p_e W at every expert (p the softmax of the logits over E); the modes over the K chosen give
+// w_k - s_k W at the chosen experts and 0 elsewhere. fp32 throughout, one bf16 rounding.
+struct RouterBackwardParams {
+  const float* d_score_partial = nullptr;  // (num_rows, slots) fp32
+  int slots = 0;
+  const int32_t* rev_idx = nullptr;        // (num_tokens, top_k): (t, k) -> row
+  const float* scores = nullptr;           // (num_tokens, top_k) R's scores
+  const int32_t* experts = nullptr;        // (num_tokens, top_k) R's choices
+  const void* logits = nullptr;            // (num_tokens, num_experts): softmax_topk's only, else unread
+  bool logits_bf16 = false;                // else fp32
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int top_k = 0;
+  int64_t num_rows = 0;
+  int mode = 0;                            // a RouterMode
+  void* d_logits = nullptr;                // (num_tokens, num_experts) bf16 out
+  cudaStream_t stream = nullptr;
+};
+std::string check_router_backward(const RouterBackwardParams& params);
+// A rev_idx entry outside [0, num_rows) or an expert outside [0, num_experts) stops the kernel
+// with a device-side trap.
+Status run_router_backward(const RouterBackwardParams& params);
+
 // Token rounding's probabilities (DESIGN §6): the softmax over all E in fp32 of logits (T, E),
 // fp32 or bf16, with the top-K choice of R (ties to the lower expert id), written expert-major
 // for the rounding kernels: probs_t (E, T) fp32 and chosen_t (E, T) bool; and row-major probs

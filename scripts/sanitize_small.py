@@ -26,7 +26,7 @@ router.requires_grad_()
 for n in (384, 256):
     w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
     w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
-    for routing, options in (("softmax_topk_norm", {}), ("token_rounding", {"tile": 64})):
+    for routing, options in (("softmax_topk_norm", {}), ("softmax_topk", {}), ("token_rounding", {"tile": 64})):
         out = sonicmoe.moe(x, router, w1, w2, K, routing=routing, **options)
         out.backward(torch.randn_like(out))
         torch.cuda.synchronize()

@@ -308,6 +308,64 @@ rounding_probs_kernel(const Logit* __restrict__ logits, int64_t num_tokens, int 
   }
 }
 
+// R's backward (RouterBackwardParams): a warp per token; lane k < K gathers row k's score
+// gradient and holds (w_k, s_k, expert_k), which the lanes of each 32 experts take by shuffles.
+template <class Logit>
+__global__ void __launch_bounds__(kTopkWarpsPerBlock * 32)
+router_backward_kernel(const float* __restrict__ d_score_partial, int slots, const int32_t* __restrict__ rev_idx,
+                       const float* __restrict__ scores, const int32_t* __restrict__ experts,
+                       const Logit* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
+                       int64_t num_rows, int mode, __nv_bfloat16* __restrict__ d_logits) {
+  using Key = TopkKey<Logit>;
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kTopkWarpsPerBlock + threadIdx.x / 32;
+  if (t >= num_tokens) return;
+  float my_w = 0.f, my_s = 0.f;
+  int my_expert = -1;
+  if (lane < top_k) {
+    const int32_t row = rev_idx[t * top_k + lane];
+    my_expert = experts[t * top_k + lane];
+    if (row < 0 || row >= num_rows || my_expert < 0 || my_expert >= num_experts) {
+      printf("sonicmoe router_backward: (t, k) = (%lld, %d) has row %d (of %lld) and expert %d (of %d)\n",
+             static_cast<long long>(t), lane, row, static_cast<long long>(num_rows), my_expert, num_experts);
+      __trap();
+    }
+    float d_score = 0.f;
+    for (int s = 0; s < slots; ++s) d_score += d_score_partial[int64_t(row) * slots + s];
+    my_s = scores[t * top_k + lane];
+    my_w = d_score * my_s;
+  }
+  float w_sum = my_w;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) w_sum += __shfl_xor_sync(0xffffffffu, w_sum, offset);
+
+  const bool over_all = mode == static_cast<int>(RouterMode::kSoftmaxTopk);
+  const Logit* row = over_all ? logits + t * num_experts : nullptr;
+  float top = -INFINITY, denominator = 1.f;  // softmax_topk's: the largest logit and the sum of exps
+  if (over_all) {
+    for (int e = lane; e < num_experts; e += 32) top = fmaxf(top, Key::load(row, e));
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
+    float sum = 0.f;
+    for (int e = lane; e < num_experts; e += 32) sum += expf(Key::load(row, e) - top);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    denominator = sum;
+  }
+  __nv_bfloat16* out = d_logits + t * num_experts;
+  for (int e0 = 0; e0 < num_experts; e0 += 32) {
+    const int e = e0 + lane;
+    float g = 0.f;
+    if (over_all && e < num_experts) g = -(expf(Key::load(row, e) - top) / denominator) * w_sum;
+    for (int k = 0; k < top_k; ++k) {
+      const int expert = __shfl_sync(0xffffffffu, my_expert, k);
+      const float w = __shfl_sync(0xffffffffu, my_w, k), s = __shfl_sync(0xffffffffu, my_s, k);
+      if (e == expert) g = over_all ? w + g : w - s * w_sum;
+    }
+    if (e < num_experts) out[e] = __float2bfloat16_rn(g);
+  }
+}
+
 int chunk_pairs(int top_k) { return kRoutingChunkTokens * top_k; }
 
 // router_topk_kernel with the fewest slots that hold E logits per lane.
@@ -396,6 +454,39 @@ Status run_router_topk(const RouterTopkParams& p) {
     return Status::error("router_topk: logits, scores and experts must be non-null");
   if (p.logits_bf16) return launch_router_topk(p, static_cast<const __nv_bfloat16*>(p.logits));
   return launch_router_topk(p, static_cast<const float*>(p.logits));
+}
+
+std::string check_router_backward(const RouterBackwardParams& p) {
+  std::string problem = check_router_shape("router_backward", p.num_tokens, p.num_experts, p.top_k);
+  if (!problem.empty()) return problem;
+  if (p.mode < 0 || p.mode > 2)
+    return rule_message("router_backward", "mode", p.mode, "must name a RouterMode (0, 1 or 2)");
+  if (p.slots < 1) return rule_message("router_backward", "slots", p.slots, "must be >= 1 (K4's score slots)");
+  if (p.num_rows < 0 || p.num_rows > INT32_MAX)
+    return rule_message("router_backward", "num_rows", p.num_rows, "must be in [0, 2^31 - 1] (int32 rev_idx)");
+  return {};
+}
+
+Status run_router_backward(const RouterBackwardParams& p) {
+  const std::string problem = check_router_backward(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.num_tokens == 0) return Status::success();
+  const bool over_all = p.mode == static_cast<int>(RouterMode::kSoftmaxTopk);
+  if (p.d_score_partial == nullptr || p.rev_idx == nullptr || p.scores == nullptr || p.experts == nullptr ||
+      p.d_logits == nullptr || (over_all && p.logits == nullptr))
+    return Status::error("router_backward: d_score_partial, rev_idx, scores, experts, d_logits (and softmax_topk's "
+                         "logits) must be non-null");
+  const int blocks = static_cast<int>((p.num_tokens + kTopkWarpsPerBlock - 1) / kTopkWarpsPerBlock);
+  auto launch = [&](const auto* logits) {
+    using Logit = std::remove_cv_t<std::remove_pointer_t<decltype(logits)>>;
+    router_backward_kernel<Logit><<<blocks, kTopkWarpsPerBlock * 32, 0, p.stream>>>(
+        p.d_score_partial, p.slots, p.rev_idx, p.scores, p.experts, logits, p.num_tokens, p.num_experts, p.top_k,
+        p.num_rows, p.mode, static_cast<__nv_bfloat16*>(p.d_logits));
+  };
+  if (p.logits_bf16) launch(static_cast<const __nv_bfloat16*>(p.logits));
+  else launch(static_cast<const float*>(p.logits));
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
 }
 
 std::string check_rounding_probs(const RoundingProbsParams& p) {

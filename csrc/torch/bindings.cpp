@@ -44,6 +44,9 @@ TORCH_LIBRARY(sonicmoe, m) {
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // K3: out[t] = sum_k scores[t,k] * y[rev_idx[t,k]] (deterministic gather-and-sum).
   m.def("combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor");
+  // R's backward: d_logits (T, E) bf16 from K4's score slots (logits: softmax_topk's only).
+  m.def("router_backward(Tensor d_score_partial, Tensor rev_idx, Tensor scores, Tensor experts, Tensor? logits, "
+        "int num_experts, int mode) -> Tensor");
   // K8: dx[t] = addend[t] + sum_k dx_rows[rev_idx[t,k]] (addend: the router's part of dx, optional).
   m.def("combine_dx(Tensor dx_rows, Tensor rev_idx, Tensor? addend=None) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.
@@ -64,6 +67,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cuda);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cuda);
   m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cuda);
+  m.impl("router_backward", &sonicmoe::torch_ops::router_backward_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
@@ -80,4 +84,5 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cpu);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cpu);
   m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cpu);
+  m.impl("router_backward", &sonicmoe::torch_ops::router_backward_cpu);
 }

@@ -75,6 +75,15 @@ at::Tensor combine_dx_cpu(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
 std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode);
 std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode);
 
+// router_backward(Tensor d_score_partial, Tensor rev_idx, Tensor scores, Tensor experts, Tensor? logits,
+//                 int num_experts, int mode) -> Tensor d_logits (T, E) bf16
+at::Tensor router_backward_cuda(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
+                                const at::Tensor& experts, const std::optional<at::Tensor>& logits,
+                                int64_t num_experts, int64_t mode);
+at::Tensor router_backward_cpu(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
+                               const at::Tensor& experts, const std::optional<at::Tensor>& logits,
+                               int64_t num_experts, int64_t mode);
+
 // rounding_probs(Tensor logits, int top_k, bool write_probs) -> (probs, probs_t, chosen_t)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Tensor& logits, int64_t top_k,
                                                                    bool write_probs);

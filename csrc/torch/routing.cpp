@@ -1,12 +1,14 @@
-// torch.ops.sonicmoe.router_topk, rounding_probs and routing_metadata (routing R): validation,
-// allocation, launch.
+// torch.ops.sonicmoe.router_topk, rounding_probs, routing_metadata and router_backward (routing R
+// and its backward): validation, allocation, launch.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <climits>
+#include <optional>
 #include <tuple>
+#include <utility>
 
 #include "sonicmoe.h"
 #include "torch/checks.h"
@@ -58,7 +60,77 @@ void check_routing_metadata_args(const at::Tensor& experts, int64_t num_experts)
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
+// router_backward's arguments; the params (pointers aside) it launches with.
+RouterBackwardParams router_backward_args(const at::Tensor& d_score_partial, const at::Tensor& rev_idx,
+                                          const at::Tensor& scores, const at::Tensor& experts,
+                                          const std::optional<at::Tensor>& logits, int64_t num_experts,
+                                          int64_t mode) {
+  constexpr const char* kOp = "router_backward";
+  check_dtype(kOp, d_score_partial, "d_score_partial", at::kFloat);
+  check_dtype(kOp, rev_idx, "rev_idx", at::kInt);
+  check_dtype(kOp, scores, "scores", at::kFloat);
+  check_dtype(kOp, experts, "experts", at::kInt);
+  check_dim(kOp, d_score_partial, "d_score_partial", 2, "(rows, slots)");
+  check_dim(kOp, rev_idx, "rev_idx", 2, "(T, K)");
+  for (const auto& [t, name] : {std::pair{&scores, "scores"}, std::pair{&experts, "experts"}})
+    check_arg(t->sizes() == rev_idx.sizes(), kOp, std::string(name) + ".shape", list_text(t->sizes()),
+              "must equal rev_idx.shape = " + list_text(rev_idx.sizes()));
+  check_contiguous(kOp, d_score_partial, "d_score_partial");
+  check_contiguous(kOp, rev_idx, "rev_idx");
+  check_contiguous(kOp, scores, "scores");
+  check_contiguous(kOp, experts, "experts");
+  const bool over_all = mode == static_cast<int>(RouterMode::kSoftmaxTopk);
+  check_arg(logits.has_value() == over_all, kOp, "logits", logits.has_value() ? "a tensor" : "None",
+            "is softmax_topk's (mode 1) alone: its gradient reads the softmax over every expert");
+  if (logits.has_value()) {
+    check_logits(kOp, *logits);
+    check_arg(logits->size(0) == rev_idx.size(0) && logits->size(1) == num_experts, kOp, "logits.shape",
+              list_text(logits->sizes()), "must be (T, num_experts) = (" + text(rev_idx.size(0)) + ", " +
+                                              text(num_experts) + ")");
+  }
+  RouterBackwardParams p;
+  p.slots = static_cast<int>(std::min<int64_t>(d_score_partial.size(1), INT32_MAX));
+  p.num_tokens = rev_idx.size(0);
+  p.num_experts = static_cast<int>(std::clamp<int64_t>(num_experts, INT32_MIN, INT32_MAX));
+  p.top_k = static_cast<int>(std::min<int64_t>(rev_idx.size(1), INT32_MAX));
+  p.num_rows = d_score_partial.size(0);
+  p.mode = static_cast<int>(std::clamp<int64_t>(mode, INT32_MIN, INT32_MAX));
+  const std::string problem = check_router_backward(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+  return p;
+}
+
 }  // namespace
+
+at::Tensor router_backward_cuda(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
+                                const at::Tensor& experts, const std::optional<at::Tensor>& logits,
+                                int64_t num_experts, int64_t mode) {
+  RouterBackwardParams p = router_backward_args(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode);
+  check_same_cuda_device("router_backward", {{&d_score_partial, "d_score_partial"}, {&rev_idx, "rev_idx"},
+                                             {&scores, "scores"}, {&experts, "experts"}});
+  if (logits.has_value()) check_same_cuda_device("router_backward", {{&rev_idx, "rev_idx"}, {&*logits, "logits"}});
+  const c10::cuda::CUDAGuard guard(rev_idx.device());
+  at::Tensor d_logits = at::empty({rev_idx.size(0), num_experts}, rev_idx.options().dtype(at::kBFloat16));
+  p.d_score_partial = d_score_partial.data_ptr<float>();
+  p.rev_idx = rev_idx.data_ptr<int32_t>();
+  p.scores = scores.data_ptr<float>();
+  p.experts = experts.data_ptr<int32_t>();
+  p.logits = logits.has_value() ? logits->data_ptr() : nullptr;
+  p.logits_bf16 = logits.has_value() && logits->scalar_type() == at::kBFloat16;
+  p.d_logits = d_logits.data_ptr();
+  p.stream = c10::cuda::getCurrentCUDAStream(rev_idx.get_device()).stream();
+  const Status status = run_router_backward(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return d_logits;
+}
+
+at::Tensor router_backward_cpu(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
+                               const at::Tensor& experts, const std::optional<at::Tensor>& logits,
+                               int64_t num_experts, int64_t mode) {
+  router_backward_args(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode);
+  check_same_cuda_device("router_backward", {{&d_score_partial, "d_score_partial"}});  // raises: CPU
+  return {};
+}
 
 std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode) {
   check_router_topk_args(logits, top_k, mode);

@@ -196,6 +196,17 @@ def router_topk(logits: torch.Tensor, top_k: int, routing: str) -> tuple[torch.T
     return torch.ops.sonicmoe.router_topk(logits, top_k, ROUTER_MODES[routing])
 
 
+def router_backward(d_score_partial: torch.Tensor, rev_idx: torch.Tensor, scores: torch.Tensor,
+                    experts: torch.Tensor, logits: torch.Tensor | None, num_experts: int, routing: str) -> torch.Tensor:
+    """R's backward in one kernel: d(loss)/d(logits) (T, E) bf16 from K4's per-slot score
+    gradients d_score_partial (rows, slots) fp32, the token's rows rev_idx (T, K) and R's scores
+    and experts (T, K); logits (T, E) only for softmax_topk (None otherwise). Same math as
+    functional.router_scores_backward in fp32, rounded once."""
+    _require_extension()
+    return torch.ops.sonicmoe.router_backward(d_score_partial, rev_idx, scores, experts, logits, num_experts,
+                                              ROUTER_MODES[routing])
+
+
 def device_routing_metadata(experts: torch.Tensor, num_experts: int):
     """R: routing_metadata (routing.py) computed by three small kernels; same result."""
     _require_extension()
@@ -252,6 +263,11 @@ if _C is not None:
         torch._check(logits.dim() == 2, lambda: "router_topk: logits must be 2-D")
         shape = (logits.shape[0], top_k)
         return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
+
+    @torch.library.register_fake("sonicmoe::router_backward")
+    def _router_backward_fake(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode):
+        torch._check(rev_idx.dim() == 2, lambda: "router_backward: rev_idx must be 2-D")
+        return rev_idx.new_empty((rev_idx.shape[0], num_experts), dtype=torch.bfloat16)
 
     @torch.library.register_fake("sonicmoe::routing_metadata")
     def _routing_metadata_fake(experts, num_experts):

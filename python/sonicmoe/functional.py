@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from . import _ops, reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, combine_dx, device_routing_metadata,
-                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_topk,
-                   up_proj, weight_grad)
+                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_backward,
+                   router_topk, up_proj, weight_grad)
 from .routing import (dense_routing_metadata_expert_major, dense_row_bound, scores_from_logits,
                       token_rounding_expert_major)
 
@@ -119,13 +119,13 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     cannot stay: Inductor stores the gathered copy K-contiguous, where torch._grouped_mm needs
     every group's row count to be a multiple of 8 (a device-side assert otherwise), so compiled
     graphs run K5/K7.
-    needs: which of (dx_rows, dw1, dw2, d_row_score) to compute.
-    Returns (dx_rows, dw1, dw2, d_row_score)."""
+    needs: which of (dx_rows, dw1, dw2, d_score_partial) to compute.
+    Returns (dx_rows, dw1, dw2, d_score_partial): the last is K4's score gradient per sorted row
+    and 128 columns of n (rows, slots) fp32, which a row's score gradient sums."""
     need_x, need_w1, need_w2, need_scores = needs
     d_out = grad_out.to(torch.bfloat16).contiguous()
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
                                                     partial_rows=partial_rows)
-    d_row_score = d_score_partial.sum(dim=1) if need_scores else None
     dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows) if need_x else None
     dw1 = dw2 = None
     if torch.compiler.is_compiling():
@@ -133,7 +133,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
             dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows)
         if need_w1:
             dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows)
-        return dx_rows, dw1, dw2, d_row_score
+        return dx_rows, dw1, dw2, d_score_partial if need_scores else None
     # An idle expert's gradient must be exactly zero. On sm90 torch._grouped_mm writes zeros for
     # an empty group (its K loop is empty; pytorch/pytorch#172439 has Blackwell's kernels not
     # doing so), so no pass over the gradients is needed: a torch.where there cost 7 of the
@@ -141,7 +141,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     # With no rows at all there is nothing to reduce.
     if gather_idx.shape[0] == 0:
         return dx_rows, (torch.zeros_like(w1) if need_w1 else None), (torch.zeros_like(w2) if need_w2 else None), \
-            d_row_score
+            (d_score_partial if need_scores else None)
     if need_w2:
         dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows,
                           _weight_grad_tile(True, gather_idx.shape[0], w2.shape[0], w2[0].numel()))
@@ -150,7 +150,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
                           _weight_grad_tile(False, gather_idx.shape[0], w2.shape[0], w1[0].numel()))
     elif need_w1:  # a gathered copy of x
         dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=offsets[1:])
-    return dx_rows, dw1, dw2, d_row_score
+    return dx_rows, dw1, dw2, (d_score_partial if need_scores else None)
 
 
 def _routed_forward(x, w1, w2, scores, experts, keep_h):
@@ -164,15 +164,17 @@ def _routed_forward(x, w1, w2, scores, experts, keep_h):
 
 def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx):
     """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores).
-    Returns (dx_rows, dw1, dw2, dscores): dx_rows is K6's dX~ in the sorted layout (None unless
-    needs[0]), which K8 (combine_dx) sums per token."""
-    rows = rev_idx.reshape(-1).long()
+    Returns (dx_rows, dw1, dw2, d_score_partial): dx_rows is K6's dX~ in the sorted layout (None
+    unless needs[0]), which K8 (combine_dx) sums per token; d_score_partial K4's score-gradient
+    slots per sorted row (None unless needs[3]), which R's backward or _scores_grad sums."""
     row_score = scores.new_empty(gather_idx.shape[0])
-    row_score[rows] = scores.reshape(-1)
-    dx_rows, dw1, dw2, d_row_score = _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets,
-                                                       gather_idx, partial_rows=False)
-    dscores = d_row_score[rows].view(scores.shape) if d_row_score is not None else None
-    return dx_rows, dw1, dw2, dscores
+    row_score[rev_idx.reshape(-1).long()] = scores.reshape(-1)
+    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows=False)
+
+
+def _scores_grad(d_score_partial, rev_idx):
+    """d(loss)/d(scores) (T, K) fp32: each (t, k)'s row of K4's score-gradient slots, summed."""
+    return d_score_partial.sum(dim=1)[rev_idx.long()]
 
 
 class _MoEExperts(torch.autograd.Function):
@@ -191,9 +193,10 @@ class _MoEExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w1, w2, scores, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
-        dx_rows, dw1, dw2, dscores = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores, h,
-                                                      offsets, gather_idx, rev_idx)
+        dx_rows, dw1, dw2, d_score_partial = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores,
+                                                              h, offsets, gather_idx, rev_idx)
         dx = combine_dx(dx_rows, rev_idx) if dx_rows is not None else None
+        dscores = _scores_grad(d_score_partial, rev_idx) if d_score_partial is not None else None
         return dx, dw1, dw2, dscores, None, None
 
 
@@ -202,7 +205,8 @@ class _MoELayer(torch.autograd.Function):
     Function, so that backward adds the router's part of dx, d_logits @ router_weight (cuBLAS),
     inside K8's sum (combine_dx's addend). Apart, autograd sums the two parts of dx in a pass of
     its own over T x d (read twice, written once: 94 µs of olmoe-1b-7b's backward); cuBLAS's addmm
-    onto K8's output (beta = 1) read and wrote dx once more (95 µs there).
+    onto K8's output (beta = 1) read and wrote dx once more (95 µs there). d_logits comes from K4's
+    score slots in one kernel (router_backward), where torch's ops took ~14 launches (~60 µs there).
 
     Saves what the parts did: x, the router and expert weights (the caller's), the scores and
     expert ids, the logits for softmax_topk only, H and the int32 metadata."""
@@ -223,12 +227,12 @@ class _MoELayer(torch.autograd.Function):
         x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
         need_logits = need_x or need_router
-        dx_rows, dw1, dw2, dscores = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1,
-                                                      w2, scores, h, offsets, gather_idx, rev_idx)
+        dx_rows, dw1, dw2, d_score_partial = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x,
+                                                              w1, w2, scores, h, offsets, gather_idx, rev_idx)
         dx = d_router = None
         if need_logits:
-            d_logits = router_scores_backward(logits, scores, experts, dscores, ctx.routing,
-                                              num_experts=router_weight.shape[0]).to(x.dtype)
+            d_logits = router_backward(d_score_partial, rev_idx, scores, experts, logits, router_weight.shape[0],
+                                       ctx.routing)
             if need_router:
                 d_router = d_logits.t() @ x
         if need_x:  # then need_logits
@@ -262,13 +266,13 @@ class _MoEDenseExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w1, w2, h, offsets, gather_idx, token_offsets, rows, sorted_scores = ctx.saved_tensors
-        dx_rows, dw1, dw2, d_row_score = _experts_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, h,
-                                                           sorted_scores, offsets, gather_idx, partial_rows=True)
+        dx_rows, dw1, dw2, d_score_partial = _experts_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, h,
+                                                               sorted_scores, offsets, gather_idx, partial_rows=True)
         dx = dscores = None
         if dx_rows is not None:
             ones = torch.ones(rows.shape, dtype=torch.float32, device=x.device)
             dx = combine_csr(dx_rows, ones, rows, token_offsets).to(x.dtype)
-        if d_row_score is not None:
+        if d_score_partial is not None:
             # Sorted row r < M holds (gather_idx[r], e) with off[e] <= r < off[e+1]; rows past M
             # go to a spare slot that is dropped (no host sync).
             T, E = ctx.dense_shape
@@ -279,7 +283,7 @@ class _MoEDenseExperts(torch.autograd.Function):
             expert = torch.searchsorted(offsets, r, right=True) - 1
             flat = torch.where(r < offsets[-1], gather_idx.long() * E + expert, T * E)
             dscores = torch.zeros(T * E + 1, dtype=torch.float32, device=x.device)
-            dscores = dscores.scatter_(0, flat, d_row_score)[: T * E].view(T, E)
+            dscores = dscores.scatter_(0, flat, d_score_partial.sum(dim=1))[: T * E].view(T, E)
         return dx, dw1, dw2, dscores, None, None, None, None, None
 
 

@@ -117,6 +117,14 @@ def rounding_probs(logits, top_k, write_probs):
     return (probs if write_probs else probs.new_empty((0, E))), probs.t().contiguous(), chosen.t().contiguous()
 
 
+def router_backward(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode):
+    from sonicmoe.functional import router_scores_backward
+
+    d_scores = d_score_partial.sum(dim=1)[rev_idx.long()]
+    return router_scores_backward(logits, scores, experts, d_scores, _ROUTER_MODE_NAMES[mode],
+                                  num_experts=num_experts).bfloat16()
+
+
 def routing_metadata(experts, num_experts):
     return tuple(routing.routing_metadata(experts, num_experts))
 
@@ -153,7 +161,7 @@ def combine_csr(y, row_scores, rows, token_offsets):
 
 OPS = {f.__name__: f for f in (grouped_gemm, grouped_gemm_kn, up_proj, down_proj_grad, weight_grad, router_topk,
                                 rounding_probs, routing_metadata, token_rounding_assign, dense_layout, combine,
-                                combine_csr, combine_dx)}
+                                combine_csr, combine_dx, router_backward)}
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Routing R: torch.ops.sonicmoe.router_topk, rounding_probs and routing_metadata against the
+"""Routing R: torch.ops.sonicmoe.router_topk, rounding_probs, routing_metadata and router_backward against the
 pure-PyTorch routing (GPU), their validation messages (CPU), and the router's score backward (CPU)."""
 
 import re
@@ -186,3 +186,82 @@ def test_rounding_probs_opcheck():
     logits = torch.randn(100, 16, device="cuda")
     torch.library.opcheck(torch.ops.sonicmoe.rounding_probs, (logits, 4, True))
     torch.library.opcheck(torch.ops.sonicmoe.rounding_probs, (logits.bfloat16(), 4, False))
+
+
+# ---------------------------------------------------------------- router_backward (R's backward)
+
+def router_backward_inputs(T, E, K, routing, device, gen, logit_dtype=torch.bfloat16, slots=8):
+    """K4's score slots over T * K shuffled rows, rev_idx, and R's scores, experts and logits."""
+    logits = torch.randn(T, E, generator=gen, device=device).to(logit_dtype)
+    scores, experts = scores_from_logits(logits.float(), K, routing)
+    rev_idx = torch.randperm(T * K, generator=gen, device=device).view(T, K).to(torch.int32)
+    d_score_partial = torch.randn(T * K, slots, generator=gen, device=device)
+    return (d_score_partial, rev_idx, scores.float().contiguous(), experts.to(torch.int32).contiguous(),
+            logits if routing == "softmax_topk" else None)
+
+
+@requires_extension
+@pytest.mark.parametrize("name,mutate,message", [
+    ("partial dtype", lambda p, r, s, e, l: (p.double(), r, s, e, l, 8, 1),
+     "router_backward: d_score_partial.dtype = Double breaks the rule: must be Float"),
+    ("experts dtype", lambda p, r, s, e, l: (p, r, s, e.long(), l, 8, 1),
+     "router_backward: experts.dtype = Long breaks the rule: must be Int"),
+    ("scores shape", lambda p, r, s, e, l: (p, r, s[:, :1].contiguous(), e, l, 8, 1),
+     "router_backward: scores.shape = [6, 1] breaks the rule: must equal rev_idx.shape = [6, 2]"),
+    ("logits without softmax_topk", lambda p, r, s, e, l: (p, r, s, e, l, 8, 0),
+     "router_backward: logits = a tensor breaks the rule: is softmax_topk's (mode 1) alone"),
+    ("softmax_topk without logits", lambda p, r, s, e, l: (p, r, s, e, None, 8, 1),
+     "router_backward: logits = None breaks the rule: is softmax_topk's (mode 1) alone"),
+    ("logits shape", lambda p, r, s, e, l: (p, r, s, e, l, 9, 1),
+     "router_backward: logits.shape = [6, 8] breaks the rule: must be (T, num_experts) = (6, 9)"),
+    ("num_experts", lambda p, r, s, e, l: (p, r, s, e, None, 2048, 0),
+     "router_backward: num_experts = 2048 breaks the rule: must be in [1, 1024]"),
+    ("slots", lambda p, r, s, e, l: (p[:, :0], r, s, e, l, 8, 1),
+     "router_backward: slots = 0 breaks the rule: must be >= 1"),
+    ("device", lambda p, r, s, e, l: (p, r, s, e, l, 8, 1),
+     "router_backward: d_score_partial.device = cpu breaks the rule: must be a CUDA device"),
+])
+def test_router_backward_rejects(name, mutate, message):
+    inputs = router_backward_inputs(6, 8, 2, "softmax_topk", "cpu", torch.Generator().manual_seed(1))
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        torch.ops.sonicmoe.router_backward(*mutate(*inputs))
+
+
+@requires_hopper
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("T,E,K,slots", [(1, 8, 1, 1), (7, 8, 2, 2), (1000, 64, 8, 8), (333, 128, 8, 4),
+                                         (257, 256, 8, 16), (100, 1024, 32, 12), (50, 40, 6, 3)])
+@pytest.mark.parametrize("logit_dtype", [torch.bfloat16, torch.float32])
+def test_router_backward_matches_torch(routing, T, E, K, slots, logit_dtype):
+    gen = torch.Generator(device="cuda").manual_seed(T * 7 + E + K)
+    d_score_partial, rev_idx, scores, experts, logits = router_backward_inputs(T, E, K, routing, "cuda", gen,
+                                                                               logit_dtype, slots)
+    torch.full((T * E,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
+    got = sonicmoe._ops.router_backward(d_score_partial, rev_idx, scores, experts, logits, E, routing)
+    d_scores = d_score_partial.double().sum(1)[rev_idx.long()]
+    want = router_scores_backward(None if logits is None else logits.double(), scores.double(), experts, d_scores,
+                                  routing, num_experts=E).double()
+    assert got.shape == (T, E) and got.dtype == torch.bfloat16
+    # fp32 math rounded once to bf16: within 2^-8 of each value, and exact zeros off the chosen
+    # experts where the mode's gradient is zero there.
+    err = (got.double() - want).abs()
+    assert bool((err <= 2 ** -8 * want.abs() + 1e-5 * want.abs().max()).all()), float(err.max())
+    if routing != "softmax_topk":
+        chosen = torch.zeros(T, E, dtype=torch.bool, device="cuda").scatter_(1, experts.long(), True)
+        assert bool((got[~chosen] == 0).all())
+
+
+@requires_hopper
+def test_router_backward_opcheck_and_graph():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    inputs = router_backward_inputs(64, 16, 4, "softmax_topk", "cuda", gen)
+    torch.library.opcheck(torch.ops.sonicmoe.router_backward, (*inputs, 16, 1))
+    lean = router_backward_inputs(64, 16, 4, "topk_softmax", "cuda", gen)
+    torch.library.opcheck(torch.ops.sonicmoe.router_backward, (*lean, 16, 0))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.sonicmoe.router_backward(*inputs, 16, 1)
+    inputs[0].copy_(torch.randn_like(inputs[0]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.ops.sonicmoe.router_backward(*inputs, 16, 1))
