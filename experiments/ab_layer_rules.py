@@ -18,8 +18,11 @@ Variants (each a set of overrides of sonicmoe.functional while its step runs):
   k1_co, k1_c2x1  (forward) K1 on the wide tile unclustered / clustered wherever n % 128 == 0;
   router_apart  the router GEMM, R and the expert MLPs as separate autograd nodes (before session
              15's _MoELayer: autograd adds the router's part of dx in a pass of its own);
-  k8_addmm   K8 as before session 35: K3's combine with unit scores, then the router's part of dx
-             by cuBLAS's addmm onto its output (the tree's K8 starts its sum from that part).
+  k8_addmm   the layer's backward after K4-K7 as before session 35: R's backward by torch's ops
+             (~14 launches), K3's combine with unit scores, then the router's part of dx by
+             cuBLAS's addmm onto its output (the tree: router_backward in one kernel, K8 starting
+             its sum from that part);
+  r_torch    only R's backward as before session 35 (torch's ops), K8 as in the tree.
 With --measure forward the table is the training forward's TFLOP/s under each variant (H kept).
 Session 14's call 3 also ran K4 on the ping-pong 64 x 256 tile of experiments/pingpong_64x256.diff
 here (config 11 where n % 256 == 0 and d < 4096; measured and dropped, docs/perf-notes.md).
@@ -118,18 +121,26 @@ class _LayerApart:
         return F.moe_routed(x, w1, w2, scores, experts)
 
 
+def _router_backward_by_torch(d_score_partial, rev_idx, scores, experts, logits, num_experts, routing):
+    """R's backward as before session 35: torch's ops from the summed score slots."""
+    return F.router_scores_backward(logits, scores, experts, F._scores_grad(d_score_partial, rev_idx), routing,
+                                    num_experts=num_experts).bfloat16()
+
+
 class _LayerK8Addmm(F._MoELayer):
-    """_MoELayer with K8 as before session 35: K3's combine with unit scores, then the router's
-    part of dx by cuBLAS onto its output (addmm with beta = 1: dx read and written once more)."""
+    """_MoELayer's backward as before session 35: R's backward by torch's ops, K3's combine with
+    unit scores, then the router's part of dx by cuBLAS onto its output (addmm with beta = 1: dx
+    read and written once more)."""
 
     @staticmethod
     def backward(ctx, grad_out):
         x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
-        dx_rows, dw1, dw2, dscores = F._routed_backward((need_x, need_w1, need_w2, need_x or need_router), grad_out,
-                                                        x, w1, w2, scores, h, offsets, gather_idx, rev_idx)
-        d_logits = F.router_scores_backward(logits, scores, experts, dscores, ctx.routing,
-                                            num_experts=router_weight.shape[0]).to(x.dtype)
+        dx_rows, dw1, dw2, d_score_partial = F._routed_backward((need_x, need_w1, need_w2, need_x or need_router),
+                                                                grad_out, x, w1, w2, scores, h, offsets, gather_idx,
+                                                                rev_idx)
+        d_logits = F.router_scores_backward(logits, scores, experts, F._scores_grad(d_score_partial, rev_idx),
+                                            ctx.routing, num_experts=router_weight.shape[0]).to(x.dtype)
         d_router = d_logits.t() @ x if need_router else None
         dx = _ops.combine(dx_rows, torch.ones_like(scores), rev_idx).addmm_(d_logits, router_weight) if need_x else None
         return dx, d_router, dw1, dw2, None, None, None
@@ -149,6 +160,7 @@ OVERRIDES = {
     "k1_c2x1": {"up_proj": _with_tile(_ops.up_proj, WIDE_C2X1, _k1_fits)},
     "router_apart": {"_MoELayer": _LayerApart},
     "k8_addmm": {"_MoELayer": _LayerK8Addmm},
+    "r_torch": {"router_backward": _router_backward_by_torch},
 }
 
 
