@@ -144,6 +144,17 @@ std::string check_gather_sum(const char* op, int64_t num_tokens, int top_k, int6
   return {};
 }
 
+// K3's and K8's launch (scores == nullptr: unit weights; addend optional), after their checks.
+Status launch_combine(const void* y, const float* scores, const int32_t* rev_idx, const void* addend, void* out,
+                      int64_t num_tokens, int top_k, int64_t d, int64_t num_rows, cudaStream_t stream) {
+  const int64_t blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
+      static_cast<const uint4*>(y), scores, rev_idx, static_cast<const uint4*>(addend), static_cast<uint4*>(out),
+      num_tokens, top_k, d / kVec, num_rows);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
 }  // namespace
 
 std::string check_combine(const CombineParams& p) {
@@ -158,12 +169,23 @@ Status run_combine(const CombineParams& p) {
     return Status::error("combine: y, scores, rev_idx and out must be non-null");
   if (reinterpret_cast<uintptr_t>(p.y) % 16 || reinterpret_cast<uintptr_t>(p.out) % 16)
     return Status::error("combine: y and out must be 16-byte aligned");
-  const int64_t blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
-      static_cast<const uint4*>(p.y), p.scores, p.rev_idx, nullptr, static_cast<uint4*>(p.out),
-      p.num_tokens, p.top_k, p.d / kVec, p.num_rows);
-  SONICMOE_CUDA_TRY(cudaGetLastError());
-  return Status::success();
+  return launch_combine(p.y, p.scores, p.rev_idx, nullptr, p.out, p.num_tokens, p.top_k, p.d, p.num_rows, p.stream);
+}
+
+std::string check_combine_dx(const CombineDxParams& p) {
+  return check_gather_sum("combine_dx", p.num_tokens, p.top_k, p.d, p.num_rows);
+}
+
+Status run_combine_dx(const CombineDxParams& p) {
+  std::string problem = check_combine_dx(p);
+  if (!problem.empty()) return Status::error(problem);
+  if (p.num_tokens == 0) return Status::success();
+  if (p.dx_rows == nullptr || p.rev_idx == nullptr || p.out == nullptr)
+    return Status::error("combine_dx: dx_rows, rev_idx and out must be non-null");
+  if (!aligned16(p.dx_rows) || !aligned16(p.out) || (p.addend != nullptr && !aligned16(p.addend)))
+    return Status::error("combine_dx: dx_rows, addend and out must be 16-byte aligned");
+  return launch_combine(p.dx_rows, nullptr, p.rev_idx, p.addend, p.out, p.num_tokens, p.top_k, p.d, p.num_rows,
+                        p.stream);
 }
 
 }  // namespace sonicmoe
@@ -193,30 +215,6 @@ Status run_combine_csr(const CombineCsrParams& p) {
   combine_csr_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
       static_cast<const uint4*>(p.y), p.row_scores, p.rows, p.token_offsets, static_cast<uint4*>(p.out),
       p.num_tokens, p.d / kVec, p.num_rows);
-  SONICMOE_CUDA_TRY(cudaGetLastError());
-  return Status::success();
-}
-
-}  // namespace sonicmoe
-
-namespace sonicmoe {
-
-std::string check_combine_dx(const CombineDxParams& p) {
-  return check_gather_sum("combine_dx", p.num_tokens, p.top_k, p.d, p.num_rows);
-}
-
-Status run_combine_dx(const CombineDxParams& p) {
-  std::string problem = check_combine_dx(p);
-  if (!problem.empty()) return Status::error(problem);
-  if (p.num_tokens == 0) return Status::success();
-  if (p.dx_rows == nullptr || p.rev_idx == nullptr || p.out == nullptr)
-    return Status::error("combine_dx: dx_rows, rev_idx and out must be non-null");
-  if (!aligned16(p.dx_rows) || !aligned16(p.out) || (p.addend != nullptr && !aligned16(p.addend)))
-    return Status::error("combine_dx: dx_rows, addend and out must be 16-byte aligned");
-  const int64_t blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, p.stream>>>(
-      static_cast<const uint4*>(p.dx_rows), nullptr, p.rev_idx, static_cast<const uint4*>(p.addend),
-      static_cast<uint4*>(p.out), p.num_tokens, p.top_k, p.d / kVec, p.num_rows);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
 }

@@ -436,14 +436,17 @@ std::string check_router_shape(const char* op, int64_t num_tokens, int num_exper
   return {};
 }
 
+// The top-K modes' rule, shared by router_topk and router_backward.
+std::string check_router_mode(const char* op, int mode) {
+  if (mode < 0 || mode > 2) return rule_message(op, "mode", mode, "must name a RouterMode (0, 1 or 2)");
+  return {};
+}
+
 }  // namespace
 
 std::string check_router_topk(const RouterTopkParams& p) {
   std::string problem = check_router_shape("router_topk", p.num_tokens, p.num_experts, p.top_k);
-  if (!problem.empty()) return problem;
-  if (p.mode < 0 || p.mode > 2)
-    return rule_message("router_topk", "mode", p.mode, "must name a RouterMode (0, 1 or 2)");
-  return {};
+  return problem.empty() ? check_router_mode("router_topk", p.mode) : problem;
 }
 
 Status run_router_topk(const RouterTopkParams& p) {
@@ -458,9 +461,8 @@ Status run_router_topk(const RouterTopkParams& p) {
 
 std::string check_router_backward(const RouterBackwardParams& p) {
   std::string problem = check_router_shape("router_backward", p.num_tokens, p.num_experts, p.top_k);
+  if (problem.empty()) problem = check_router_mode("router_backward", p.mode);
   if (!problem.empty()) return problem;
-  if (p.mode < 0 || p.mode > 2)
-    return rule_message("router_backward", "mode", p.mode, "must name a RouterMode (0, 1 or 2)");
   if (p.slots < 1) return rule_message("router_backward", "slots", p.slots, "must be >= 1 (K4's score slots)");
   if (p.num_rows < 0 || p.num_rows > INT32_MAX)
     return rule_message("router_backward", "num_rows", p.num_rows, "must be in [0, 2^31 - 1] (int32 rev_idx)");

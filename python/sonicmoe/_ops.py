@@ -104,10 +104,9 @@ def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, 
     or cooperative with the gathered side 128 wide: "varlen_cooperative_128x256x64" with gather_a,
     "varlen_cooperative_256x128x64" without, "varlen_cooperative_128x256x64_c2x1" either in 2 x 1
     clusters ("auto"'s choice where experts average >= 2048 rows or an expert's output has >= 2^23
-    elements). With partial_rows the
-    cooperative tiles read the other operand's first 64 rows past expert_offsets[E] by TMA, which
-    must be finite (down_proj_grad's outputs are zero there); "auto" takes ping-pong's cp.async
-    path."""
+    elements). With partial_rows the cooperative tiles read the other operand's first 64 rows past
+    expert_offsets[E] by TMA, which must be finite (down_proj_grad's outputs are zero there);
+    "auto" takes ping-pong's cp.async path."""
     _require_extension()
     return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows,
                                           _tile_config_number(tile_config))

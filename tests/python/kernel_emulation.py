@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from sonicmoe import _ops, reference, routing
+from sonicmoe.functional import router_scores_backward
 
 _NAN = float("nan")
 _ROUTER_MODE_NAMES = {v: k for k, v in _ops.ROUTER_MODES.items()}
@@ -118,8 +119,6 @@ def rounding_probs(logits, top_k, write_probs):
 
 
 def router_backward(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode):
-    from sonicmoe.functional import router_scores_backward
-
     d_scores = d_score_partial.sum(dim=1)[rev_idx.long()]
     return router_scores_backward(logits, scores, experts, d_scores, _ROUTER_MODE_NAMES[mode],
                                   num_experts=num_experts).bfloat16()

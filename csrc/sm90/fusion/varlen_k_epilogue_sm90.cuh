@@ -87,7 +87,7 @@ struct TmaStoreEpilogue {
       for (int i = 0; i < size<0>(accum); i += 2) {
         const auto rc = coords(i, 0, 0);
         const int r = get<0>(rc) - row0, c = get<1>(rc);
-        const uint32_t at = base + (c / 64) * kBoxBytes + swizzle128_offset(r, (c % 64) / 8) + (c % 8) * 2;
+        const uint32_t at = base + (c / kBox) * kBoxBytes + swizzle128_offset(r, (c % kBox) / 8) + (c % 8) * 2;
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0)))
                      : "memory");
       }
