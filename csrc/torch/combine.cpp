@@ -132,8 +132,9 @@ namespace {
 
 constexpr const char* kDxOp = "combine_dx";
 
-void check_combine_dx_args(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
-                           const std::optional<at::Tensor>& addend) {
+// combine_dx's arguments; the params (pointers aside) it launches with.
+CombineDxParams combine_dx_args(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
+                                const std::optional<at::Tensor>& addend) {
   check_dtype(kDxOp, dx_rows, "dx_rows", at::kBFloat16);
   check_dtype(kDxOp, rev_idx, "rev_idx", at::kInt);
   check_dim(kDxOp, dx_rows, "dx_rows", 2, "(num_rows, d)");
@@ -156,13 +157,14 @@ void check_combine_dx_args(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
   p.num_rows = dx_rows.size(0);
   const std::string problem = check_combine_dx(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  return p;
 }
 
 }  // namespace
 
 at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
                            const std::optional<at::Tensor>& addend) {
-  check_combine_dx_args(dx_rows, rev_idx, addend);
+  CombineDxParams p = combine_dx_args(dx_rows, rev_idx, addend);
   if (addend.has_value()) {
     check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}, {&*addend, "addend"}});
   } else {
@@ -170,15 +172,10 @@ at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
   }
   const c10::cuda::CUDAGuard guard(dx_rows.device());
   at::Tensor out = at::empty({rev_idx.size(0), dx_rows.size(1)}, dx_rows.options());
-  CombineDxParams p;
   p.dx_rows = dx_rows.data_ptr();
   p.rev_idx = rev_idx.data_ptr<int32_t>();
   p.addend = addend.has_value() ? addend->data_ptr() : nullptr;
   p.out = out.data_ptr();
-  p.num_tokens = rev_idx.size(0);
-  p.top_k = static_cast<int>(rev_idx.size(1));
-  p.d = dx_rows.size(1);
-  p.num_rows = dx_rows.size(0);
   p.stream = c10::cuda::getCurrentCUDAStream(dx_rows.get_device()).stream();
   const Status status = run_combine_dx(p);
   TORCH_CHECK(status.ok(), status.message);
@@ -187,7 +184,7 @@ at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
 
 at::Tensor combine_dx_cpu(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
                           const std::optional<at::Tensor>& addend) {
-  check_combine_dx_args(dx_rows, rev_idx, addend);
+  combine_dx_args(dx_rows, rev_idx, addend);
   check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}});  // raises: CPU
   return {};
 }

@@ -64,10 +64,13 @@ def test_combine_rejects(name, mutate, exc, message):
 
 # ------------------------------------------------------------------ GPU
 
+# (T, E, K, d) of the GPU tests of K3 and K8: single token and expert, K up to 32, d up to 7168 and
+# one d that is a multiple of 8 but not of 16.
+GPU_SHAPES = [(1, 1, 1, 8), (7, 8, 2, 64), (1000, 128, 8, 1536), (333, 64, 8, 2048), (257, 256, 16, 7168),
+              (100, 40, 32, 256), (64, 16, 3, 2056)]
+
 @requires_hopper
-@pytest.mark.parametrize("T,E,K,d", [(1, 1, 1, 8), (7, 8, 2, 64), (1000, 128, 8, 1536),
-                                     (333, 64, 8, 2048), (257, 256, 16, 7168), (100, 40, 32, 256),
-                                     (64, 16, 3, 2056)])
+@pytest.mark.parametrize("T,E,K,d", GPU_SHAPES)
 def test_combine_matches_reference(T, E, K, d):
     y, scores, rev_idx = make_inputs(T, E, K, d, "cuda", generator("cuda", T, E, K, d))
     torch.full((T * d,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
@@ -192,8 +195,7 @@ def test_combine_dx_rejects(name, mutate, exc, message):
 
 @requires_hopper
 @pytest.mark.parametrize("addend", [True, False], ids=["addend", "rows_only"])
-@pytest.mark.parametrize("T,E,K,d", [(1, 1, 1, 8), (7, 8, 2, 64), (1000, 128, 8, 1536), (333, 64, 8, 2048),
-                                     (257, 256, 16, 7168), (100, 40, 32, 256), (64, 16, 3, 2056)])
+@pytest.mark.parametrize("T,E,K,d", GPU_SHAPES)
 def test_combine_dx_matches_reference(T, E, K, d, addend):
     inputs = dx_inputs(T, E, K, d, "cuda", generator("cuda", "dx", T, E, K, d), addend)
     torch.full((T * d,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
