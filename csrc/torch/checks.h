@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <climits>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -35,6 +36,13 @@ inline std::string list_text(c10::IntArrayRef values) {
 inline void check_arg(bool ok, const char* op, const std::string& name, const std::string& value,
                       const std::string& rule) {
   if (!ok) fail_arg(op, name, value, rule);
+}
+
+// A scalar argument the kernels take as int. A value outside int32 is named as given: clamped
+// into range, the op's own rule would report a value the caller never passed.
+inline int int32_arg(const char* op, const char* name, int64_t value) {
+  check_arg(value >= INT32_MIN && value <= INT32_MAX, op, name, text(value), "must fit in int32");
+  return static_cast<int>(value);
 }
 
 inline void check_dtype(const char* op, const at::Tensor& t, const char* name,

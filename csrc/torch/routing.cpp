@@ -25,39 +25,48 @@ void check_logits(const char* op, const at::Tensor& logits) {
   check_contiguous(op, logits, "logits");
 }
 
-void check_router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mode) {
+// router_topk's arguments; the params (pointers aside) it launches with.
+RouterTopkParams router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mode) {
   check_logits("router_topk", logits);
   RouterTopkParams p;
+  p.logits_bf16 = logits.scalar_type() == at::kBFloat16;
   p.num_tokens = logits.size(0);
-  p.num_experts = static_cast<int>(std::min<int64_t>(logits.size(1), INT32_MAX));
-  p.top_k = static_cast<int>(std::clamp<int64_t>(top_k, INT32_MIN, INT32_MAX));
-  p.mode = static_cast<int>(std::clamp<int64_t>(mode, INT32_MIN, INT32_MAX));
+  p.num_experts = int32_arg("router_topk", "num_experts", logits.size(1));
+  p.top_k = int32_arg("router_topk", "top_k", top_k);
+  p.mode = int32_arg("router_topk", "mode", mode);
   const std::string problem = check_router_topk(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  return p;
 }
 
-void check_rounding_probs_args(const at::Tensor& logits, int64_t top_k) {
+// rounding_probs' arguments; the params (pointers aside) it launches with.
+RoundingProbsParams rounding_probs_args(const at::Tensor& logits, int64_t top_k) {
   check_logits("rounding_probs", logits);
   RoundingProbsParams p;
+  p.logits_bf16 = logits.scalar_type() == at::kBFloat16;
   p.num_tokens = logits.size(0);
-  p.num_experts = static_cast<int>(std::min<int64_t>(logits.size(1), INT32_MAX));
-  p.top_k = static_cast<int>(std::clamp<int64_t>(top_k, INT32_MIN, INT32_MAX));
+  p.num_experts = int32_arg("rounding_probs", "num_experts", logits.size(1));
+  p.top_k = int32_arg("rounding_probs", "top_k", top_k);
   const std::string problem = check_rounding_probs(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  return p;
 }
 
-void check_routing_metadata_args(const at::Tensor& experts, int64_t num_experts) {
+// routing_metadata's arguments; the params (pointers aside) it launches with.
+SortedLayoutParams routing_metadata_args(const at::Tensor& experts, int64_t num_experts) {
   constexpr const char* kOp = "routing_metadata";
   check_arg(experts.scalar_type() == at::kInt || experts.scalar_type() == at::kLong, kOp,
             "experts.dtype", c10::toString(experts.scalar_type()), "must be Int or Long");
   check_dim(kOp, experts, "experts", 2, "(T, K)");
   check_contiguous(kOp, experts, "experts");
   SortedLayoutParams p;
+  p.experts_int64 = experts.scalar_type() == at::kLong;
   p.num_tokens = experts.size(0);
-  p.top_k = static_cast<int>(std::min<int64_t>(experts.size(1), INT32_MAX));
-  p.num_experts = static_cast<int>(std::clamp<int64_t>(num_experts, INT32_MIN, INT32_MAX));
+  p.top_k = int32_arg(kOp, "top_k", experts.size(1));
+  p.num_experts = int32_arg(kOp, "num_experts", num_experts);
   const std::string problem = check_sorted_layout(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  return p;
 }
 
 // router_backward's arguments; the params (pointers aside) it launches with.
@@ -89,12 +98,12 @@ RouterBackwardParams router_backward_args(const at::Tensor& d_score_partial, con
                                               text(num_experts) + ")");
   }
   RouterBackwardParams p;
-  p.slots = static_cast<int>(std::min<int64_t>(d_score_partial.size(1), INT32_MAX));
+  p.slots = int32_arg(kOp, "slots", d_score_partial.size(1));
   p.num_tokens = rev_idx.size(0);
-  p.num_experts = static_cast<int>(std::clamp<int64_t>(num_experts, INT32_MIN, INT32_MAX));
-  p.top_k = static_cast<int>(std::min<int64_t>(rev_idx.size(1), INT32_MAX));
+  p.num_experts = int32_arg(kOp, "num_experts", num_experts);
+  p.top_k = int32_arg(kOp, "top_k", rev_idx.size(1));
   p.num_rows = d_score_partial.size(0);
-  p.mode = static_cast<int>(std::clamp<int64_t>(mode, INT32_MIN, INT32_MAX));
+  p.mode = int32_arg(kOp, "mode", mode);
   const std::string problem = check_router_backward(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
   return p;
@@ -133,18 +142,12 @@ at::Tensor router_backward_cpu(const at::Tensor& d_score_partial, const at::Tens
 }
 
 std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode) {
-  check_router_topk_args(logits, top_k, mode);
+  RouterTopkParams p = router_topk_args(logits, top_k, mode);
   check_same_cuda_device("router_topk", {{&logits, "logits"}});
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor scores = at::empty({logits.size(0), top_k}, logits.options().dtype(at::kFloat));
   at::Tensor experts = at::empty({logits.size(0), top_k}, logits.options().dtype(at::kInt));
-  RouterTopkParams p;
   p.logits = logits.data_ptr();
-  p.logits_bf16 = logits.scalar_type() == at::kBFloat16;
-  p.num_tokens = logits.size(0);
-  p.num_experts = static_cast<int>(logits.size(1));
-  p.top_k = static_cast<int>(top_k);
-  p.mode = static_cast<int>(mode);
   p.scores = scores.data_ptr<float>();
   p.experts = experts.data_ptr<int32_t>();
   p.stream = c10::cuda::getCurrentCUDAStream(logits.get_device()).stream();
@@ -154,14 +157,14 @@ std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, in
 }
 
 std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode) {
-  check_router_topk_args(logits, top_k, mode);
+  router_topk_args(logits, top_k, mode);
   check_same_cuda_device("router_topk", {{&logits, "logits"}});  // raises: CPU
   return {};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Tensor& logits, int64_t top_k,
                                                                    bool write_probs) {
-  check_rounding_probs_args(logits, top_k);
+  RoundingProbsParams p = rounding_probs_args(logits, top_k);
   check_same_cuda_device("rounding_probs", {{&logits, "logits"}});
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t T = logits.size(0), E = logits.size(1);
@@ -169,12 +172,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Ten
   at::Tensor probs = at::empty({write_probs ? T : 0, E}, float_options);
   at::Tensor probs_t = at::empty({E, T}, float_options);
   at::Tensor chosen_t = at::empty({E, T}, logits.options().dtype(at::kBool));
-  RoundingProbsParams p;
   p.logits = logits.data_ptr();
-  p.logits_bf16 = logits.scalar_type() == at::kBFloat16;
-  p.num_tokens = T;
-  p.num_experts = static_cast<int>(E);
-  p.top_k = static_cast<int>(top_k);
   p.probs = write_probs ? probs.data_ptr<float>() : nullptr;
   p.probs_t = probs_t.data_ptr<float>();
   p.chosen_t = reinterpret_cast<uint8_t*>(chosen_t.data_ptr<bool>());
@@ -186,26 +184,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Ten
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cpu(const at::Tensor& logits, int64_t top_k,
                                                                   bool write_probs) {
-  check_rounding_probs_args(logits, top_k);
+  rounding_probs_args(logits, top_k);
   check_same_cuda_device("rounding_probs", {{&logits, "logits"}});  // raises: CPU
   return {};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::Tensor& experts,
                                                                      int64_t num_experts) {
-  check_routing_metadata_args(experts, num_experts);
+  SortedLayoutParams p = routing_metadata_args(experts, num_experts);
   check_same_cuda_device("routing_metadata", {{&experts, "experts"}});
   const c10::cuda::CUDAGuard guard(experts.device());
   const auto int_options = experts.options().dtype(at::kInt);
   at::Tensor offsets = at::empty({num_experts + 1}, int_options);
   at::Tensor gather_idx = at::empty({experts.numel()}, int_options);
   at::Tensor rev_idx = at::empty(experts.sizes(), int_options);
-  SortedLayoutParams p;
   p.experts = experts.data_ptr();
-  p.experts_int64 = experts.scalar_type() == at::kLong;
-  p.num_tokens = experts.size(0);
-  p.top_k = static_cast<int>(experts.size(1));
-  p.num_experts = static_cast<int>(num_experts);
   p.expert_offsets = offsets.data_ptr<int32_t>();
   p.gather_idx = gather_idx.data_ptr<int32_t>();
   p.rev_idx = rev_idx.data_ptr<int32_t>();
@@ -221,7 +214,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cpu(const at::Tensor& experts,
                                                                     int64_t num_experts) {
-  check_routing_metadata_args(experts, num_experts);
+  routing_metadata_args(experts, num_experts);
   check_same_cuda_device("routing_metadata", {{&experts, "experts"}});  // raises: CPU
   return {};
 }

@@ -4,7 +4,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <algorithm>
 #include <climits>
 #include <tuple>
 
@@ -29,49 +28,49 @@ void check_expert_major_pair(const char* op, const at::Tensor& first, const char
   check_contiguous(op, second, second_name);
 }
 
-void check_token_rounding_args(const at::Tensor& probs_t, const at::Tensor& chosen_t, int64_t tile,
-                               int64_t rule) {
+// token_rounding_assign's arguments; the params (pointers aside) it launches with.
+TokenRoundingParams token_rounding_args(const at::Tensor& probs_t, const at::Tensor& chosen_t, int64_t tile,
+                                        int64_t rule) {
   constexpr const char* kOp = "token_rounding_assign";
   check_expert_major_pair(kOp, probs_t, "probs_t", at::kFloat, chosen_t, "chosen_t", at::kBool);
   TokenRoundingParams p;
-  p.num_experts = static_cast<int>(std::min<int64_t>(probs_t.size(0), INT32_MAX));
+  p.num_experts = int32_arg(kOp, "num_experts", probs_t.size(0));
   p.num_tokens = probs_t.size(1);
-  p.tile = static_cast<int>(std::clamp<int64_t>(tile, INT32_MIN, INT32_MAX));
-  p.rule = static_cast<int>(std::clamp<int64_t>(rule, INT32_MIN, INT32_MAX));
+  p.tile = int32_arg(kOp, "tile", tile);
+  p.rule = int32_arg(kOp, "rule", rule);
   const std::string problem = check_token_rounding(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  return p;
 }
 
-void check_dense_layout_args(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
+// dense_layout's arguments; the params (pointers aside) it launches with.
+DenseLayoutParams dense_layout_args(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
   constexpr const char* kOp = "dense_layout";
   check_expert_major_pair(kOp, assigned_t, "assigned_t", at::kBool, scores_t, "scores_t", at::kFloat);
   check_arg(row_bound >= 0 && row_bound <= INT32_MAX, kOp, "row_bound", text(row_bound),
             "must be in [0, 2^31 - 1] (and at least the number of assigned pairs)");
   DenseLayoutParams p;
-  p.num_experts = static_cast<int>(std::min<int64_t>(assigned_t.size(0), INT32_MAX));
+  p.num_experts = int32_arg(kOp, "num_experts", assigned_t.size(0));
   p.num_tokens = assigned_t.size(1);
+  p.row_bound = row_bound;
   const std::string problem = check_dense_layout(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  return p;
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cuda(const at::Tensor& probs_t, const at::Tensor& chosen_t,
                                                               int64_t tile, int64_t rule) {
-  check_token_rounding_args(probs_t, chosen_t, tile, rule);
+  TokenRoundingParams p = token_rounding_args(probs_t, chosen_t, tile, rule);
   check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});
   const c10::cuda::CUDAGuard guard(probs_t.device());
   at::Tensor assigned_t = at::empty_like(chosen_t);
   at::Tensor counts = at::empty({probs_t.size(0)}, probs_t.options().dtype(at::kInt));
-  TokenRoundingParams p;
   p.probs_t = probs_t.data_ptr<float>();
   p.chosen_t = reinterpret_cast<const uint8_t*>(chosen_t.data_ptr<bool>());
   p.assigned_t = reinterpret_cast<uint8_t*>(assigned_t.data_ptr<bool>());
   p.counts = counts.data_ptr<int32_t>();
-  p.num_experts = static_cast<int>(probs_t.size(0));
-  p.num_tokens = probs_t.size(1);
-  p.tile = static_cast<int>(tile);
-  p.rule = static_cast<int>(rule);
   p.stream = c10::cuda::getCurrentCUDAStream(probs_t.get_device()).stream();
   const Status status = run_token_rounding_assign(p);
   TORCH_CHECK(status.ok(), status.message);
@@ -80,13 +79,13 @@ std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cuda(const at::Tensor& 
 
 std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cpu(const at::Tensor& probs_t, const at::Tensor& chosen_t,
                                                              int64_t tile, int64_t rule) {
-  check_token_rounding_args(probs_t, chosen_t, tile, rule);
+  token_rounding_args(probs_t, chosen_t, tile, rule);
   check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});  // raises
   return {};
 }
 
 DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
-  check_dense_layout_args(assigned_t, scores_t, row_bound);
+  DenseLayoutParams p = dense_layout_args(assigned_t, scores_t, row_bound);
   check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});
   const c10::cuda::CUDAGuard guard(assigned_t.device());
   const int64_t E = assigned_t.size(0), T = assigned_t.size(1);
@@ -99,18 +98,14 @@ DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Ten
   at::Tensor rows = at::empty({row_bound}, int_options);
   at::Tensor row_scores = at::empty({row_bound}, float_options);
   at::Tensor sorted_scores = at::empty({row_bound}, float_options);
-  DenseLayoutParams p;
   p.assigned_t = reinterpret_cast<const uint8_t*>(assigned_t.data_ptr<bool>());
   p.scores_t = scores_t.data_ptr<float>();
-  p.num_experts = static_cast<int>(E);
-  p.num_tokens = T;
   p.expert_offsets = expert_offsets.data_ptr<int32_t>();
   p.gather_idx = gather_idx.data_ptr<int32_t>();
   p.sorted_scores = sorted_scores.data_ptr<float>();
   p.token_offsets = token_offsets.data_ptr<int32_t>();
   p.rows = rows.data_ptr<int32_t>();
   p.row_scores = row_scores.data_ptr<float>();
-  p.row_bound = row_bound;
   p.workspace_bytes = dense_layout_workspace_size(T, p.num_experts);
   at::Tensor workspace = at::empty({static_cast<int64_t>(p.workspace_bytes)}, assigned_t.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
@@ -121,7 +116,7 @@ DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Ten
 }
 
 DenseLayoutTensors dense_layout_cpu(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
-  check_dense_layout_args(assigned_t, scores_t, row_bound);
+  dense_layout_args(assigned_t, scores_t, row_bound);
   check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});  // raises
   return {};
 }

@@ -115,6 +115,8 @@ def test_dense_layout_kernels_on_an_unaligned_assignment_and_a_loose_bound():
      "token_rounding_assign: tile = 0 breaks the rule: must be >= 1"),
     ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 128, 3),
      "token_rounding_assign: rule = 3 breaks the rule"),
+    ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 2**31, 0),
+     "token_rounding_assign: tile = 2147483648 breaks the rule: must fit in int32"),
     ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 7, dtype=torch.bool), 128, 0),
      "token_rounding_assign: chosen_t.shape = [4, 7] breaks the rule: must equal probs_t.shape = [4, 8]"),
     ("token_rounding_assign", (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bool), 128, 0),

@@ -35,6 +35,8 @@ def test_router_scores_backward_matches_autograd(routing):
     ((torch.zeros(4, 8), 9, 0), ValueError, "router_topk: top_k = 9 breaks the rule: must be in [1, min(num_experts, 32)]"),
     ((torch.zeros(4, 2048), 2, 0), ValueError, "router_topk: num_experts = 2048 breaks the rule: must be in [1, 1024]"),
     ((torch.zeros(4, 8), 2, 3), ValueError, "router_topk: mode = 3 breaks the rule"),
+    ((torch.zeros(4, 8), 2**40, 0), ValueError,
+     "router_topk: top_k = 1099511627776 breaks the rule: must fit in int32"),  # named as given, not clamped
     ((torch.zeros(4, 8), 2, 0), ValueError, "router_topk: logits.device = cpu breaks the rule: must be a CUDA device"),
 ])
 def test_router_topk_rejects(args, exc, message):
@@ -60,6 +62,8 @@ def test_rounding_probs_rejects(args, message):
 @pytest.mark.parametrize("args,message", [
     ((torch.zeros(4, 2), 8), "routing_metadata: experts.dtype = Float breaks the rule: must be Int or Long"),
     ((torch.zeros(4, 2, dtype=torch.int32), 0), "routing_metadata: num_experts = 0 breaks the rule"),
+    ((torch.zeros(4, 2, dtype=torch.int32), 2**32), "routing_metadata: num_experts = 4294967296 breaks the rule: "
+     "must fit in int32"),
     ((torch.zeros(4, 33, dtype=torch.int32), 64), "routing_metadata: top_k = 33 breaks the rule"),
     ((torch.zeros(4, 2, dtype=torch.int32), 8), "routing_metadata: experts.device = cpu breaks the rule"),
 ])
@@ -216,6 +220,8 @@ def router_backward_inputs(T, E, K, routing, device, gen, logit_dtype=torch.bflo
      "router_backward: logits.shape = [6, 8] breaks the rule: must be (T, num_experts) = (6, 9)"),
     ("num_experts", lambda p, r, s, e, l: (p, r, s, e, None, 2048, 0),
      "router_backward: num_experts = 2048 breaks the rule: must be in [1, 1024]"),
+    ("mode past int32", lambda p, r, s, e, l: (p, r, s, e, None, 8, -2**40),
+     "router_backward: mode = -1099511627776 breaks the rule: must fit in int32"),
     ("slots", lambda p, r, s, e, l: (p[:, :0], r, s, e, l, 8, 1),
      "router_backward: slots = 0 breaks the rule: must be >= 1"),
     ("device", lambda p, r, s, e, l: (p, r, s, e, l, 8, 1),
