@@ -112,10 +112,10 @@ Status prepare_on_device(const cudaLaunchConfig_t& cluster_config, int* resident
 }
 
 // Fills the routing fields of params and launches the persistent grid on `stream`: one CTA
-// per SM, or per tile where there are fewer tiles (at most max_tiles). A kernel of 2 x 1
-// clusters gets an even grid of at most as many clusters as can be resident at once (the
-// SMs of a GPC pair up, so an odd GPC leaves one SM out) and as there are pairs of tiles
-// (max_tiles / 2).
+// per SM of sm_count, or per tile where there are fewer tiles (at most max_tiles). A kernel of
+// 2 x 1 clusters gets an even grid of at most as many clusters as can be resident at once (the
+// SMs of a GPC pair up, so an odd GPC leaves one SM out), as sm_count holds and as there are
+// pairs of tiles (max_tiles / 2). An sm_count below the device's leaves SMs to other streams.
 template <class Kernel>
 Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_offsets,
                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
@@ -145,7 +145,8 @@ Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_
     kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(params);
   } else {
     const int64_t units = max_tiles / kClusterM;  // pairs
-    config.gridDim = dim3(static_cast<unsigned>(kClusterM * std::max<int64_t>(1, std::min<int64_t>(resident, units))));
+    const int64_t clusters = std::min<int64_t>({resident, sm_count / kClusterM, units});
+    config.gridDim = dim3(static_cast<unsigned>(kClusterM * std::max<int64_t>(1, clusters)));
     SONICMOE_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, params));
   }
   SONICMOE_CUDA_TRY(cudaGetLastError());

@@ -30,7 +30,7 @@ WeightGradParams weight_grad_shape(const at::Tensor& a, const at::Tensor& b,
 // Everything that can be checked without a GPU, in the order a user would fix it.
 void check_weight_grad_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                             const at::Tensor& gather_idx, bool gather_a, bool partial_rows,
-                            int64_t tile_config) {
+                            int64_t tile_config, int64_t sm_margin) {
   check_dtype(kOp, a, "a", at::kBFloat16);
   check_dtype(kOp, b, "b", at::kBFloat16);
   check_dtype(kOp, expert_offsets, "expert_offsets", at::kInt);
@@ -51,6 +51,7 @@ void check_weight_grad_args(const at::Tensor& a, const at::Tensor& b, const at::
     check_contiguous(kOp, *t, name);
   check_aligned16(kOp, a, "a");
   check_aligned16(kOp, b, "b");
+  check_arg(sm_margin >= 0, kOp, "sm_margin", text(sm_margin), "must be >= 0 (SMs left to other streams' work)");
   WeightGradParams shape = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
   shape.sm_count = 1;
   const std::string problem = check_weight_grad(shape);
@@ -66,8 +67,9 @@ void check_devices(const at::Tensor& a, const at::Tensor& b, const at::Tensor& e
 }  // namespace
 
 at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config) {
-  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
+                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
+                            int64_t sm_margin) {
+  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
   check_devices(a, b, expert_offsets, gather_idx);
   const c10::cuda::CUDAGuard guard(a.device());
   WeightGradParams p = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
@@ -77,7 +79,10 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
   p.expert_offsets = expert_offsets.data_ptr<int32_t>();
   p.gather_idx = gather_idx.data_ptr<int32_t>();
   p.out = out.data_ptr();
-  p.sm_count = hopper_sm_count(kOp, a);
+  const int device_sms = hopper_sm_count(kOp, a);
+  check_arg(sm_margin < device_sms, kOp, "sm_margin", text(sm_margin),
+            "must be below the device's " + std::to_string(device_sms) + " SMs (the grid needs one)");
+  p.sm_count = device_sms - static_cast<int>(sm_margin);
   p.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   const Status status = run_weight_grad(p);
   TORCH_CHECK(status.ok(), status.message);
@@ -85,8 +90,9 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
 }
 
 at::Tensor weight_grad_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                           const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config) {
-  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
+                           const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
+                           int64_t sm_margin) {
+  check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
   check_devices(a, b, expert_offsets, gather_idx);  // a CPU tensor always fails here
   return {};
 }

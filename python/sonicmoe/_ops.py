@@ -95,7 +95,7 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
                                              partial_rows, _tile_config_number(tile_config))
 
 
-def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config="auto"):
+def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config="auto", sm_margin=0):
     """K5 / K7: per expert e, out[e] = sum over its sorted rows r of a_row(r)^T b_row(r), fp32
     accumulation, bf16 (E, a.shape[1], b.shape[1]). The gathered operand's row r is its row
     gather_idx[r] (a's when gather_a: dW2 = weight_grad(dO, A', ..., True); else b's: dW1 =
@@ -106,10 +106,11 @@ def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, 
     clusters ("auto"'s choice where experts average >= 2048 rows or an expert's output has >= 2^23
     elements). With partial_rows the cooperative tiles read the other operand's first 64 rows past
     expert_offsets[E] by TMA, which must be finite (down_proj_grad's outputs are zero there);
-    "auto" takes ping-pong's cp.async path."""
+    "auto" takes ping-pong's cp.async path. sm_margin: SMs the persistent grid leaves to work on
+    other streams (0: it takes them all)."""
     _require_extension()
     return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows,
-                                          _tile_config_number(tile_config))
+                                          _tile_config_number(tile_config), sm_margin)
 
 
 def rounding_probs(logits, top_k, write_probs):
@@ -301,7 +302,8 @@ if _C is not None:
                 torch.empty(row_bound, **ints), torch.empty(row_bound, **floats), torch.empty(row_bound, **floats))
 
     @torch.library.register_fake("sonicmoe::weight_grad")
-    def _weight_grad_fake(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0):
+    def _weight_grad_fake(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0,
+                          sm_margin=0):
         torch._check(a.dim() == 2 and b.dim() == 2, lambda: "weight_grad: a and b must be 2-D")
         return a.new_empty((expert_offsets.shape[0] - 1, a.shape[1], b.shape[1]))
 

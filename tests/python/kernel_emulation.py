@@ -88,7 +88,7 @@ _COOPERATIVE_WEIGHT_GRAD = {_ops.GEMM_TILE_CONFIGS[c] for c in ("varlen_cooperat
                                                                   "varlen_cooperative_128x256x64_c2x1")}
 
 
-def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0):
+def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0, sm_margin=0):
     rows = gather_idx.long()
     m_total = gather_idx.shape[0]
     if partial_rows and tile_config in _COOPERATIVE_WEIGHT_GRAD:

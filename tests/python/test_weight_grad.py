@@ -127,6 +127,32 @@ def test_down_proj_grad_zeroes_the_rows_past_the_end_with_partial_rows():
     assert torch.isfinite(d_h[:rows]).all() and torch.isfinite(a_scaled[:rows]).all()
 
 
+# sm_margin leaves SMs to other streams (the layer's tail beside K5 / K7): fewer CTAs walk the same
+# tiles, each tile's k loop unchanged, so the gradients are bit-identical; the margin's bound is
+# the device's SM count.
+@requires_hopper
+@pytest.mark.parametrize("tile", ["pingpong", "cooperative", "cooperative_c2x1"])
+@pytest.mark.parametrize("gather_a", [True, False])
+def test_weight_grad_sm_margin_gives_the_same_bits(tile, gather_a):
+    gen = generator("wgrad-margin", tile, gather_a)
+    T, K, m_out, n_out, E = 1500, 4, 392, 520, 6
+    offsets = offsets_from_counts(random_counts(T * K, E, gen))
+    gather_idx = torch.randint(0, T, (T * K,), device="cuda", generator=gen, dtype=torch.int32)
+    a = torch.randn(T if gather_a else T * K, m_out, device="cuda", generator=gen).bfloat16()
+    b = torch.randn(T * K if gather_a else T, n_out, device="cuda", generator=gen).bfloat16()
+    tile_config = {"pingpong": "varlen_pingpong_128x128x64",
+                   "cooperative": "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64",
+                   "cooperative_c2x1": "varlen_cooperative_128x256x64_c2x1"}[tile]
+    full = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, tile_config=tile_config)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for margin in (4, 9, sms - 1):
+        assert torch.equal(sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, tile_config=tile_config,
+                                                sm_margin=margin), full), margin
+    with pytest.raises(ValueError, match=re.escape(
+            f"weight_grad: sm_margin = {sms} breaks the rule: must be below the device's {sms} SMs")):
+        sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, tile_config=tile_config, sm_margin=sms)
+
+
 @requires_hopper
 def test_weight_grad_opcheck():
     gen = generator("wgrad-opcheck")
@@ -140,7 +166,8 @@ def test_weight_grad_opcheck():
 def _cpu_args(**change):
     args = dict(a=torch.zeros(10, 64, dtype=torch.bfloat16), b=torch.zeros(20, 32, dtype=torch.bfloat16),
                 expert_offsets=torch.tensor([0, 5, 20], dtype=torch.int32),
-                gather_idx=torch.zeros(20, dtype=torch.int32), gather_a=True, partial_rows=False, tile_config=0)
+                gather_idx=torch.zeros(20, dtype=torch.int32), gather_a=True, partial_rows=False, tile_config=0,
+                sm_margin=0)
     args.update(change)
     return args
 
@@ -163,6 +190,7 @@ def _cpu_args(**change):
     (dict(tile_config=8, gather_a=False, a=torch.zeros(20, 64, dtype=torch.bfloat16),
           b=torch.zeros(10, 32, dtype=torch.bfloat16)), ValueError,
      "weight_grad: config = 8 breaks the rule: must not be 8 without gather_a"),
+    (dict(sm_margin=-1), ValueError, "weight_grad: sm_margin = -1 breaks the rule: must be >= 0"),
     (dict(), ValueError, "weight_grad: a.device = cpu breaks the rule: must be a CUDA device"),
 ])
 def test_weight_grad_rejects_bad_arguments(change, error, message):
