@@ -1,6 +1,7 @@
 """One small forward + backward of sonicmoe.moe on the kernels, for compute-sanitizer (memcheck,
 racecheck): top-K with an all-but-empty expert and ragged counts, then token rounding (tile 64,
-upper-bound buffers), at n 384 and at n 256 (where eager dW1 runs on K7); then K1, K2, K4, K6, K5
+upper-bound buffers), at n 384 (the top-K backward's tail on a second stream beside K5 / K7) and
+at n 256 (where eager dW1 runs on K7); then K1, K2, K4, K6, K5
 and K7 on the 2 x 1 clustered tile (auto takes it only at d >= 3072, and for K5 / K7 at 2048 rows
 per expert), on ragged routing with an odd tile count (a pair's empty half) and on upper-bound
 buffers. scripts/h200_check.sh runs it under both
@@ -17,6 +18,9 @@ import sonicmoe
 if not (torch.cuda.is_available() and sonicmoe.extension_available()):
     sys.exit("sanitize_small.py needs a Hopper GPU and the built extension")
 torch.manual_seed(0)
+# The top-K backward runs its tail on a second stream beside K5 / K7 where 512 <= n <= 1024; here
+# at n 384 too, so that the tools see that path (n 256 keeps the one-stream order).
+sonicmoe.functional._TAIL_BESIDE_MIN_N = 384
 T, d, E, K = 300, 256, 8, 2
 x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
 router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16()

@@ -7,8 +7,10 @@ can be captured in a CUDA graph.
 
 Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients on our
 K5/K7 (weight_grad) where they outrun torch._grouped_mm over gathered copies, which eager mode
-uses elsewhere; compiled graphs run K5/K7 (see _experts_backward). sonicmoe.moe's top-K layer is
-one autograd Function (_MoELayer), whose backward starts K8's sum from the router's part of dx.
+uses elsewhere; compiled graphs run K5/K7 (see _experts_backward). Where 512 <= n <= 1024 the
+eager top-K backward runs its tail (K8 and the router's part) on a second stream beside K5 / K7,
+which leave it a few SMs (_TAIL_SM_MARGIN). sonicmoe.moe's top-K layer is one autograd Function
+(_MoELayer), whose backward starts K8's sum from the router's part of dx.
 Token rounding runs the same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
@@ -102,7 +104,38 @@ def _weight_grad_tile(gather_a: bool, rows: int, num_experts: int, out_elements:
     return "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
 
 
-def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows):
+# The backward's tail (K8, R's backward and the router's GEMMs: memory-bound, ~0.45 ms at
+# olmoe-1b-7b) reads K4's and K6's outputs only, so it runs on a second stream beside K5 / K7,
+# which leave it _TAIL_SM_MARGIN SMs (their persistent grids take every SM otherwise). The layer's
+# backward in the anchors' protocol against the tail after K5 / K7 (session 38,
+# experiments/tail_hidden.py, A/B in one process on four machine starts): olmoe-1b-7b +0.9 to
+# +1.8%, paper-30b-n512 +0.1 to +1.4%, paper-120b-n1024 +0.4 to +0.8%, paper-7b-n1024 +0.2 / +1.1%,
+# qwen3-30b-a3b 0.0 to +0.6%. Where n < 512 the GEMMs are too short to hide it on a few SMs
+# (paper-7b-n256 -0.3 / -0.9%); at n 1536 / 2048 it read -0.2 / +1.0% and -1.8 / +0.3%: not a
+# gain, so it stays after them there. 8 SMs read -2.8 to +1.2%, 16 lost at every config.
+_TAIL_SM_MARGIN = 4
+_TAIL_BESIDE_MIN_N, _TAIL_BESIDE_MAX_N = 512, 1024
+_side_streams_by_device = {}
+
+
+def _tail_beside_weight_grads(x, n, partial_rows) -> bool:
+    """Whether the backward's tail runs on a second stream beside K5 / K7 (see _TAIL_SM_MARGIN):
+    eager CUDA only (a compiled graph keeps one stream), the top-K layouts (token rounding's was
+    not measured), _TAIL_BESIDE_MIN_N <= n <= _TAIL_BESIDE_MAX_N."""
+    return (x.is_cuda and not torch.compiler.is_compiling() and not partial_rows
+            and _TAIL_BESIDE_MIN_N <= n <= _TAIL_BESIDE_MAX_N)
+
+
+def _side_streams(device):
+    """(K5 / K7's stream, the tail's stream) on device, made once: K5 / K7 at a higher priority,
+    so that their CTAs take the SMs first and the tail gets what they leave."""
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _side_streams_by_device:
+        _side_streams_by_device[key] = (torch.cuda.Stream(device, priority=-1), torch.cuda.Stream(device, priority=0))
+    return _side_streams_by_device[key]
+
+
+def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows, tail):
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
     K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
@@ -120,37 +153,63 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     every group's row count to be a multiple of 8 (a device-side assert otherwise), so compiled
     graphs run K5/K7.
     needs: which of (dx_rows, dw1, dw2, d_score_partial) to compute.
-    Returns (dx_rows, dw1, dw2, d_score_partial): the last is K4's score gradient per sorted row
-    and 128 columns of n (rows, slots) fp32, which a row's score gradient sums."""
+    tail(dx_rows, d_score_partial): the caller's work on K6's dX~ in the sorted layout and K4's
+    score gradient per sorted row and 128 columns of n ((rows, slots) fp32, which a row's score
+    gradient sums), each None unless needed. It reads no weight gradient, so it runs beside K5 / K7
+    where _tail_beside_weight_grads, else after them.
+    Returns (dw1, dw2, what tail returned)."""
     need_x, need_w1, need_w2, need_scores = needs
     d_out = grad_out.to(torch.bfloat16).contiguous()
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
                                                     partial_rows=partial_rows)
     dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows) if need_x else None
-    dw1 = dw2 = None
+    d_score_partial = d_score_partial if need_scores else None
     if torch.compiler.is_compiling():
-        if need_w2:
-            dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows)
-        if need_w1:
-            dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows)
-        return dx_rows, dw1, dw2, d_score_partial if need_scores else None
+        dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows) if need_w2 else None
+        dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows) if need_w1 else None
+        return dw1, dw2, tail(dx_rows, d_score_partial)
     # An idle expert's gradient must be exactly zero. On sm90 torch._grouped_mm writes zeros for
     # an empty group (its K loop is empty; pytorch/pytorch#172439 has Blackwell's kernels not
     # doing so), so no pass over the gradients is needed: a torch.where there cost 7 of the
     # backward's 43.6 ms at qwen3-235b. The GPU tests check it on recycled (NaN-poisoned) memory.
     # With no rows at all there is nothing to reduce.
     if gather_idx.shape[0] == 0:
-        return dx_rows, (torch.zeros_like(w1) if need_w1 else None), (torch.zeros_like(w2) if need_w2 else None), \
-            (d_score_partial if need_scores else None)
-    if need_w2:
-        dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows,
-                          _weight_grad_tile(True, gather_idx.shape[0], w2.shape[0], w2[0].numel()))
-    if need_w1 and _dw1_on_k7(w2.shape[2]):
-        dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows,
-                          _weight_grad_tile(False, gather_idx.shape[0], w2.shape[0], w1[0].numel()))
-    elif need_w1:  # a gathered copy of x
-        dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=offsets[1:])
-    return dx_rows, dw1, dw2, (d_score_partial if need_scores else None)
+        return (torch.zeros_like(w1) if need_w1 else None), (torch.zeros_like(w2) if need_w2 else None), \
+            tail(dx_rows, d_score_partial)
+
+    def weight_grads(sm_margin):
+        rows, E = gather_idx.shape[0], w2.shape[0]
+        dw1 = dw2 = None
+        if need_w2:
+            dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows,
+                              _weight_grad_tile(True, rows, E, w2[0].numel()), sm_margin)
+        if need_w1 and _dw1_on_k7(w2.shape[2]):
+            dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows,
+                              _weight_grad_tile(False, rows, E, w1[0].numel()), sm_margin)
+        elif need_w1:  # a gathered copy of x
+            dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=offsets[1:])
+        return dw1, dw2
+
+    if not ((need_w1 or need_w2) and _tail_beside_weight_grads(x, w2.shape[2], partial_rows)):
+        dw1, dw2 = weight_grads(0)
+        return dw1, dw2, tail(dx_rows, d_score_partial)
+    main = torch.cuda.current_stream(x.device)
+    gemm, side = _side_streams(x.device)
+    gemm.wait_stream(main)
+    side.wait_stream(main)
+    with torch.cuda.stream(gemm):
+        dw1, dw2 = weight_grads(_TAIL_SM_MARGIN)
+    with torch.cuda.stream(side):
+        result = tail(dx_rows, d_score_partial)
+    # Joined here and forked from main above, every use is ordered without record_stream: main's
+    # later work follows both streams, so main's tensors read there may go back to main's pool when
+    # freed; the outputs, from the side streams' pools, are next written there after a fork from
+    # main, which follows every use main made of them before they were freed. (record_stream(main)
+    # held each block until main's queue at its free had run: with the host a step ahead, that cost
+    # new blocks every step; at deepseek-v3's 22 GB of weight gradients, 27% of the backward.)
+    main.wait_stream(gemm)
+    main.wait_stream(side)
+    return dw1, dw2, result
 
 
 def _routed_forward(x, w1, w2, scores, experts, keep_h):
@@ -162,14 +221,14 @@ def _routed_forward(x, w1, w2, scores, experts, keep_h):
     return combine(y, scores, meta.rev_idx), (h if keep_h else None), meta
 
 
-def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx):
-    """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores).
-    Returns (dx_rows, dw1, dw2, d_score_partial): dx_rows is K6's dX~ in the sorted layout (None
-    unless needs[0]), which K8 (combine_dx) sums per token; d_score_partial K4's score-gradient
-    slots per sorted row (None unless needs[3]), which R's backward or _scores_grad sums."""
+def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx, tail):
+    """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores). tail(dx_rows,
+    d_score_partial): dx_rows is K6's dX~ in the sorted layout (None unless needs[0]), which K8
+    (combine_dx) sums per token; d_score_partial K4's score-gradient slots per sorted row (None
+    unless needs[3]), which R's backward or _scores_grad sums. Returns (dw1, dw2, tail's result)."""
     row_score = scores.new_empty(gather_idx.shape[0])
     row_score[rev_idx.reshape(-1).long()] = scores.reshape(-1)
-    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows=False)
+    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, False, tail)
 
 
 def _scores_grad(d_score_partial, rev_idx):
@@ -193,10 +252,13 @@ class _MoEExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w1, w2, scores, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
-        dx_rows, dw1, dw2, d_score_partial = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores,
-                                                              h, offsets, gather_idx, rev_idx)
-        dx = combine_dx(dx_rows, rev_idx) if dx_rows is not None else None
-        dscores = _scores_grad(d_score_partial, rev_idx) if d_score_partial is not None else None
+
+        def tail(dx_rows, d_score_partial):
+            return (combine_dx(dx_rows, rev_idx) if dx_rows is not None else None,
+                    _scores_grad(d_score_partial, rev_idx) if d_score_partial is not None else None)
+
+        dw1, dw2, (dx, dscores) = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores, h,
+                                                   offsets, gather_idx, rev_idx, tail)
         return dx, dw1, dw2, dscores, None, None
 
 
@@ -227,16 +289,18 @@ class _MoELayer(torch.autograd.Function):
         x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
         need_logits = need_x or need_router
-        dx_rows, dw1, dw2, d_score_partial = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x,
-                                                              w1, w2, scores, h, offsets, gather_idx, rev_idx)
-        dx = d_router = None
-        if need_logits:
+
+        def tail(dx_rows, d_score_partial):
+            if not need_logits:
+                return None, None
             d_logits = router_backward(d_score_partial, rev_idx, scores, experts, logits, router_weight.shape[0],
                                        ctx.routing)
-            if need_router:
-                d_router = d_logits.t() @ x
-        if need_x:  # then need_logits
-            dx = combine_dx(dx_rows, rev_idx, d_logits @ router_weight)
+            d_router = d_logits.t() @ x if need_router else None
+            dx = combine_dx(dx_rows, rev_idx, d_logits @ router_weight) if need_x else None
+            return dx, d_router
+
+        dw1, dw2, (dx, d_router) = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1, w2,
+                                                    scores, h, offsets, gather_idx, rev_idx, tail)
         return dx, d_router, dw1, dw2, None, None, None
 
 
@@ -266,24 +330,28 @@ class _MoEDenseExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w1, w2, h, offsets, gather_idx, token_offsets, rows, sorted_scores = ctx.saved_tensors
-        dx_rows, dw1, dw2, d_score_partial = _experts_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, h,
-                                                               sorted_scores, offsets, gather_idx, partial_rows=True)
-        dx = dscores = None
-        if dx_rows is not None:
-            ones = torch.ones(rows.shape, dtype=torch.float32, device=x.device)
-            dx = combine_csr(dx_rows, ones, rows, token_offsets).to(x.dtype)
-        if d_score_partial is not None:
-            # Sorted row r < M holds (gather_idx[r], e) with off[e] <= r < off[e+1]; rows past M
-            # go to a spare slot that is dropped (no host sync).
-            T, E = ctx.dense_shape
-            r = torch.arange(rows.shape[0], dtype=torch.int32, device=x.device)
-            # searchsorted over all of offsets, not offsets[1:]: traced, Inductor's Triton code
-            # searches a sliced boundary from its buffer's start (pytorch/pytorch#182343), every
-            # expert id one too high (seen on the H200, torch 2.11).
-            expert = torch.searchsorted(offsets, r, right=True) - 1
-            flat = torch.where(r < offsets[-1], gather_idx.long() * E + expert, T * E)
-            dscores = torch.zeros(T * E + 1, dtype=torch.float32, device=x.device)
-            dscores = dscores.scatter_(0, flat, d_score_partial.sum(dim=1))[: T * E].view(T, E)
+        T, E = ctx.dense_shape
+
+        def tail(dx_rows, d_score_partial):
+            dx = dscores = None
+            if dx_rows is not None:
+                ones = torch.ones(rows.shape, dtype=torch.float32, device=x.device)
+                dx = combine_csr(dx_rows, ones, rows, token_offsets).to(x.dtype)
+            if d_score_partial is not None:
+                # Sorted row r < M holds (gather_idx[r], e) with off[e] <= r < off[e+1]; rows past M
+                # go to a spare slot that is dropped (no host sync).
+                r = torch.arange(rows.shape[0], dtype=torch.int32, device=x.device)
+                # searchsorted over all of offsets, not offsets[1:]: traced, Inductor's Triton code
+                # searches a sliced boundary from its buffer's start (pytorch/pytorch#182343), every
+                # expert id one too high (seen on the H200, torch 2.11).
+                expert = torch.searchsorted(offsets, r, right=True) - 1
+                flat = torch.where(r < offsets[-1], gather_idx.long() * E + expert, T * E)
+                dscores = torch.zeros(T * E + 1, dtype=torch.float32, device=x.device)
+                dscores = dscores.scatter_(0, flat, d_score_partial.sum(dim=1))[: T * E].view(T, E)
+            return dx, dscores
+
+        dw1, dw2, (dx, dscores) = _experts_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, h, sorted_scores,
+                                                    offsets, gather_idx, True, tail)
         return dx, dw1, dw2, dscores, None, None, None, None, None
 
 

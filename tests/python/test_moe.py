@@ -253,6 +253,57 @@ def test_every_gradient_of_the_layer(routing):
         assert rel(got.grad, want.grad) <= 2e-2, name
 
 
+def test_tail_runs_beside_the_weight_gradients_only_in_eager_cuda_top_k_at_n_512_to_1024():
+    beside = sonicmoe.functional._tail_beside_weight_grads
+    assert not beside(torch.zeros(1), 512, False)  # CPU tensors (the emulated kernels)
+    assert not beside(torch.zeros(1, device="meta"), 512, False)
+    if torch.cuda.is_available():
+        x = torch.zeros(1, device="cuda")
+        assert beside(x, 512, False) and beside(x, 768, False) and beside(x, 1024, False)
+        # measured no faster there (docs/perf-notes.md, session 38)
+        assert not beside(x, 256, False) and not beside(x, 1536, False) and not beside(x, 2048, False)
+        assert not beside(x, 512, True)  # token rounding's layout: not measured
+
+
+@requires_hopper
+@pytest.mark.parametrize("layer", ["moe", "moe_routed"])
+@pytest.mark.parametrize("needs", ["all", "weights", "x_and_router"])
+def test_tail_beside_the_weight_gradients_gives_the_same_bits(monkeypatch, layer, needs):
+    # Where 512 <= n <= 1024 the backward's tail (K8 and the router's part) runs on a second stream
+    # while K5 / K7 leave it SMs (functional._TAIL_SM_MARGIN); here at n 128, the rule widened, against
+    # the tail after them: every gradient must be bit-identical (each is one deterministic kernel
+    # either way).
+    F = sonicmoe.functional
+    gen = generator("cuda", "tail-beside", layer, needs)
+    T, d, n, E, K = 700, 256, 128, 16, 4
+    x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    want = {"all": (True, True, True, True), "weights": (False, False, True, True),
+            "x_and_router": (True, True, False, False)}[needs]
+    g = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    streams_made = []
+    side_streams = F._side_streams
+    monkeypatch.setattr(F, "_side_streams", lambda device: streams_made.append(device) or side_streams(device))
+    grads = {}
+    monkeypatch.setattr(F, "_TAIL_BESIDE_MIN_N", 0)
+    for beside_max_n in (1 << 30, -1):
+        monkeypatch.setattr(F, "_TAIL_BESIDE_MAX_N", beside_max_n)
+        leaves = [t.clone().requires_grad_(r) for t, r in zip((x, router, w1, w2), want)]
+        if layer == "moe":
+            out = sonicmoe.moe(*leaves, K)
+        else:
+            scores, experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), K, "topk_softmax")
+            leaves[1] = scores.clone().requires_grad_(want[1])
+            out = sonicmoe.moe_routed(leaves[0], leaves[2], leaves[3], leaves[1], experts)
+        torch.full((T * d * 8,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
+        out.backward(g)
+        grads[beside_max_n] = [t.grad for t in leaves]
+    assert len(streams_made) == (1 if want[2] else 0)  # beside only with weight gradients to run
+    for name, got, ref in zip(("x", "router or scores", "w1", "w2"), grads[1 << 30], grads[-1]):
+        assert (got is None) == (ref is None), name
+        if ref is not None:
+            assert torch.isfinite(ref).all() and torch.equal(got, ref), name
+
+
 @requires_hopper
 @pytest.mark.parametrize("d", [256, 4096])  # d 4096: K1 on the clustered tile (a cluster launch)
 def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph(d):
