@@ -72,6 +72,9 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
   check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
   check_devices(a, b, expert_offsets, gather_idx);
   const c10::cuda::CUDAGuard guard(a.device());
+  const int device_sms = hopper_sm_count(kOp, a);
+  check_arg(sm_margin < device_sms, kOp, "sm_margin", text(sm_margin),
+            "must be below the device's " + std::to_string(device_sms) + " SMs (the grid needs one)");
   WeightGradParams p = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
   at::Tensor out = at::empty({p.num_experts, p.m_out, p.n_out}, a.options());
   p.a = a.data_ptr();
@@ -79,9 +82,6 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
   p.expert_offsets = expert_offsets.data_ptr<int32_t>();
   p.gather_idx = gather_idx.data_ptr<int32_t>();
   p.out = out.data_ptr();
-  const int device_sms = hopper_sm_count(kOp, a);
-  check_arg(sm_margin < device_sms, kOp, "sm_margin", text(sm_margin),
-            "must be below the device's " + std::to_string(device_sms) + " SMs (the grid needs one)");
   p.sm_count = device_sms - static_cast<int>(sm_margin);
   p.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   const Status status = run_weight_grad(p);
