@@ -24,16 +24,16 @@ for name in [a for a in sys.argv[1:] if a != "--k4"] or ["olmoe-1b-7b", "paper-3
     E = cfg["E"]
     i = bench.backward_inputs(cfg)
     x, w1, w2, off, g, d_out, d_h, a_s = (i[k] for k in ("x", "w1", "w2", "off", "g", "d_out", "d_h", "a_scaled"))
+    fns = {"K6": lambda: grouped_gemm_kn(d_h, w1, off)}
     if K4_ONLY:
         h, rs = i["h"], i["row_score"]
-        fns = {"K6": lambda: grouped_gemm_kn(d_h, w1, off), "K4": lambda: down_proj_grad(d_out, w2, h, rs, off, g)}
+        fns["K4"] = lambda: down_proj_grad(d_out, w2, h, rs, off, g)
         line = lambda ms: f"K6 {ms['K6']*1e3:.0f} K4 {ms['K4']*1e3:.0f} | K4/K6 {ms['K4']/ms['K6']:.3f}"  # noqa: E731
     else:
         t5 = _weight_grad_tile(True, g.shape[0], E, w2[0].numel())
         t7 = _weight_grad_tile(False, g.shape[0], E, w1[0].numel())
-        fns = {"K6": lambda: grouped_gemm_kn(d_h, w1, off),
-               "K5": lambda: weight_grad(d_out, a_s, off, g, True, False, t5),
-               "K7": lambda: weight_grad(d_h, x, off, g, False, False, t7)}
+        fns["K5"] = lambda: weight_grad(d_out, a_s, off, g, True, False, t5)
+        fns["K7"] = lambda: weight_grad(d_h, x, off, g, False, False, t7)
         line = lambda ms: (f"K6 {ms['K6']*1e3:.0f} K5 {ms['K5']*1e3:.0f} ({t5}) K7 {ms['K7']*1e3:.0f} ({t7}) | "  # noqa: E731
                            f"K5/K6 {ms['K5']/ms['K6']:.3f} K7/K6 {ms['K7']/ms['K6']:.3f}")
     ms = bench.time_interleaved(fns, rounds=5, iters=20)

@@ -56,20 +56,21 @@ def main():
         x, router, w1, w2 = params = bench.layer_params(T, d, n, E, data="anchor")
         grad = torch.randn(T, d, device="cuda").bfloat16()
 
+        def clear_grads():
+            for p in params:
+                p.grad = None
+
         def step():
             sonicmoe.moe(x, router, w1, w2, K).backward(grad)
-
-        def use(v):
-            variant(variants[v])
+            clear_grads()
 
         if args.check:
             grads = {}
             for v in variants:
-                use(v)
-                step()
+                variant(variants[v])
+                sonicmoe.moe(x, router, w1, w2, K).backward(grad)
                 grads[v] = [p.grad.float() for p in params]
-                for p in params:
-                    p.grad = None
+                clear_grads()
             for v in variants:
                 err = [float((a - b).abs().max()) for a, b in zip(grads[v], grads["sequential"])]
                 print(f"  {name} {v}: max |grad - sequential's| x, router, w1, w2: " +
@@ -78,11 +79,9 @@ def main():
 
         if args.trace:
             for v in variants:
-                use(v)
+                variant(variants[v])
                 for _ in range(3):
                     step()
-                    for p in params:
-                        p.grad = None
                 out = sonicmoe.moe(x, router, w1, w2, K)
                 events = bench.cuda_events(lambda: out.backward(grad))
                 t0 = events[0].time_range.start
@@ -91,21 +90,15 @@ def main():
                 for e in events:
                     if e.device_time >= 5:
                         print(f"    {e.time_range.start - t0:8.0f} {e.device_time:8.0f}  {e.name[:90]}", flush=True)
-                for p in params:
-                    p.grad = None
-
-        def timed_step():
-            step()
-            for p in params:
-                p.grad = None
+                clear_grads()
 
         fwd_flops, bwd_flops = 6.0 * T * K * d * n, 12.0 * T * K * d * n
         bwd = {v: [] for v in variants}
         for r in range(args.rounds):
             for v in bench.rotated(list(variants), r):
-                use(v)
+                variant(variants[v])
                 fwd_ms = bench.anchor_protocol_ms(lambda: sonicmoe.moe(x, router, w1, w2, K), timer)
-                fwd_bwd_ms = bench.anchor_protocol_ms(timed_step, timer)
+                fwd_bwd_ms = bench.anchor_protocol_ms(step, timer)
                 bwd[v].append(bwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9)
                 print(f"  {name} round {r} {v}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
                       f"bwd {bwd[v][-1]:.1f} TF", flush=True)
