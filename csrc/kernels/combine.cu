@@ -1,8 +1,8 @@
-// K3 combine: out[t] = sum_k s[t,k] * y[rev_idx[t,k]]. Plain CUDA, arch-generic.
+// K3 combine: out[t] = sum_k s[t,k] * y[rev_idx[t,k]]; K8 combine_dx: dx[t] = addend[t] + sum_k
+// dx_rows[rev_idx[t,k]]; combine_csr: token rounding's variable entries per token. Plain CUDA.
 //
-// One warp per token. Each lane owns 8 consecutive columns (one 16-byte vector) per pass and
-// issues the loads of all K rows before it accumulates, so K independent 16-byte loads are in
-// flight per lane; the sum runs over k in a fixed order in fp32 (deterministic, no atomics).
+// One warp per token, each lane 8 consecutive columns (one 16-byte vector) per pass; the sum runs
+// over k in a fixed order in fp32 (deterministic, no atomics).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -13,6 +13,7 @@
 
 #include "common/cuda_check.h"
 #include "common/host_rules.h"
+#include "common/once_per_device.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -21,7 +22,11 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kVec = 8;         // bf16 per 16-byte vector
 constexpr int kMaxTopK = 32;    // one lane holds each (t, k)'s index and score
-constexpr int kLoadBatch = 8;   // rows loaded before accumulating (registers: 8 x 16 bytes)
+constexpr int kLoadBatch = 8;   // combine_csr: rows loaded before accumulating (registers: 8 x 16 bytes)
+// combine_kernel runs 4 stages while a block's slots, 4 warps x 4 x (top_k + 1) x 512 bytes,
+// leave room for two blocks an SM (top_k <= 12: up to 104 KB; three at top_k 8); 2 stages above
+// (up to 132 KB at top_k 32).
+constexpr int kFourStagesMaxTopK = 12;
 
 __device__ __forceinline__ void accumulate(float (&acc)[kVec], uint4 raw, float s) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -56,6 +61,11 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[kVec], const uint4*
   }
 }
 
+// One 16-byte cp.async (L2 only) from global src to the shared-window address dst.
+__device__ __forceinline__ void cp_async_16B(uint32_t dst, const uint4* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
 __device__ __forceinline__ void store_bf16(uint4* dst, const float (&acc)[kVec]) {
   uint4 packed;
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&packed);
@@ -64,17 +74,28 @@ __device__ __forceinline__ void store_bf16(uint4* dst, const float (&acc)[kVec])
   *dst = packed;
 }
 
-// K3, and K8 with scores == nullptr: unit weights, the sum starting from addend[t] (the router's
-// part of dx, d_logits @ router_weight from cuBLAS) when given. One warp per token.
+// K3 (scores), K8 (scores == nullptr: unit weights, the sum starting from addend[t], the router's
+// part of dx, when given). K8 runs beside K5 / K7 on the few SMs they leave (sonicmoe.functional),
+// where its rate per SM is its bytes in flight over their latency: held in registers, the loads
+// took 69 registers a thread (28 warps, 112 KB in flight an SM). Here each lane copies its 16-byte
+// chunks by cp.async into its own shared-memory slots, kStages - 1 passes of the row ahead of the
+// one it sums, and reads back only what it copied, so cp.async.wait_group orders it with no
+// barrier: at top_k 8, 3 blocks of 4 warps an SM, each with up to 4 passes of 4.5 KB in flight, on
+// 40 registers. Lane k holds (row, score) of pair (t, k); the others get them by shuffles.
+template <int kStages>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
-               const int32_t* __restrict__ rev_idx, const uint4* __restrict__ addend, uint4* __restrict__ out,
-               int64_t num_tokens, int top_k, int64_t vecs_per_row, int64_t num_rows) {
+combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores, const int32_t* __restrict__ rev_idx,
+               const uint4* __restrict__ addend, uint4* __restrict__ out, int64_t num_tokens, int top_k,
+               int64_t vecs_per_row, int64_t num_rows) {
+  extern __shared__ uint4 slots[];  // [warp][stage][top_k + 1][lane]: the rows, then the addend
   const int lane = threadIdx.x % 32;
-  const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   if (t >= num_tokens) return;
+  const int stage_vecs = (top_k + 1) * 32;
+  const uint4* my_slots = slots + warp * kStages * stage_vecs + lane;
+  const uint32_t my_slots_smem = static_cast<uint32_t>(__cvta_generic_to_shared(my_slots));
 
-  // Lane k holds (row, score) of pair (t, k); the others are broadcast by shuffles.
   int32_t my_row = 0;
   float my_score = 1.f;
   if (lane < top_k) {
@@ -86,12 +107,35 @@ combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores,
       __trap();
     }
   }
-
-  for (int64_t v = lane; v - lane < vecs_per_row; v += 32) {
+  // Pass i copies chunk lane + 32 i of every row (and of the addend) into stage i % kStages; a
+  // lane past the row copies nothing, and every lane commits one group per pass.
+  auto issue = [&](int64_t i) {
+    const int64_t v = lane + 32 * i;
+    const uint32_t stage = my_slots_smem + uint32_t((i % kStages) * stage_vecs * sizeof(uint4));
+    for (int k = 0; k < top_k; ++k) {
+      const int32_t row = __shfl_sync(0xffffffff, my_row, k);
+      if (v < vecs_per_row) cp_async_16B(stage + k * 32 * sizeof(uint4), y + int64_t(row) * vecs_per_row + v);
+    }
+    if (addend != nullptr && v < vecs_per_row)
+      cp_async_16B(stage + top_k * 32 * sizeof(uint4), addend + t * vecs_per_row + v);
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  const int64_t passes = (vecs_per_row + 31) / 32;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int64_t i = 0; i < passes; ++i) {
+    issue(i + kStages - 1);  // an empty group past the last pass
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+    const uint4* stage = my_slots + (i % kStages) * stage_vecs;
+    const int64_t v = lane + 32 * i;
+    const bool valid = v < vecs_per_row;  // the lane's slots hold this pass's chunks
     float acc[kVec] = {};
-    if (addend != nullptr && v < vecs_per_row) accumulate(acc, __ldg(&addend[t * vecs_per_row + v]), 1.f);
-    accumulate_rows(acc, y, vecs_per_row, v, top_k, my_row, my_score);
-    if (v < vecs_per_row) store_bf16(&out[t * vecs_per_row + v], acc);
+    if (addend != nullptr && valid) accumulate(acc, stage[top_k * 32], 1.f);
+    for (int k = 0; k < top_k; ++k) {
+      const float s = __shfl_sync(0xffffffff, my_score, k);
+      if (valid) accumulate(acc, stage[k * 32], s);
+    }
+    if (valid) store_bf16(&out[t * vecs_per_row + v], acc);
   }
 }
 
@@ -144,15 +188,37 @@ std::string check_gather_sum(const char* op, int64_t num_tokens, int top_k, int6
   return {};
 }
 
-// K3's and K8's launch (scores == nullptr: unit weights; addend optional), after their checks.
-Status launch_combine(const void* y, const float* scores, const int32_t* rev_idx, const void* addend, void* out,
-                      int64_t num_tokens, int top_k, int64_t d, int64_t num_rows, cudaStream_t stream) {
+// K3's and K8's launch, after their checks, on kStages stages for top_k up to kMaxK. The slots pass
+// the 48 KB default from top_k 5 (4 stages): it opts in once per device to the most kMaxK needs.
+template <int kStages, int kMaxK>
+Status launch_combine_stages(const void* y, const float* scores, const int32_t* rev_idx, const void* addend,
+                             void* out, int64_t num_tokens, int top_k, int64_t d, int64_t num_rows,
+                             cudaStream_t stream) {
+  constexpr auto kernel = &combine_kernel<kStages>;
+  constexpr size_t kMostSmem = size_t(kWarpsPerBlock) * kStages * (kMaxK + 1) * 32 * sizeof(uint4);
+  static_assert(kMostSmem <= 227 * 1024, "more shared memory than an sm90 block may use");
+  int opted_in = 0;
+  SONICMOE_TRY(once_per_device<kernel>(&opted_in, [&](int* done) -> Status {
+    SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMostSmem)));
+    *done = 1;
+    return Status::success();
+  }));
   const int64_t blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  combine_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
+  const size_t smem = size_t(kWarpsPerBlock) * kStages * (top_k + 1) * 32 * sizeof(uint4);
+  kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, stream>>>(
       static_cast<const uint4*>(y), scores, rev_idx, static_cast<const uint4*>(addend), static_cast<uint4*>(out),
       num_tokens, top_k, d / kVec, num_rows);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
+}
+
+Status launch_combine(const void* y, const float* scores, const int32_t* rev_idx, const void* addend, void* out,
+                      int64_t num_tokens, int top_k, int64_t d, int64_t num_rows, cudaStream_t stream) {
+  return top_k <= kFourStagesMaxTopK
+             ? launch_combine_stages<4, kFourStagesMaxTopK>(y, scores, rev_idx, addend, out, num_tokens, top_k, d,
+                                                           num_rows, stream)
+             : launch_combine_stages<2, kMaxTopK>(y, scores, rev_idx, addend, out, num_tokens, top_k, d, num_rows,
+                                                  stream);
 }
 
 }  // namespace

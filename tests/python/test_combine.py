@@ -66,8 +66,9 @@ def test_combine_rejects(name, mutate, exc, message):
 
 # (T, E, K, d) of the GPU tests of K3 and K8: single token and expert, K up to 32, d up to 7168 and
 # one d that is a multiple of 8 but not of 16.
+# top_k 12 and 13: the last on 4 stages of cp.async slots and the first on 2 (combine.cu).
 GPU_SHAPES = [(1, 1, 1, 8), (7, 8, 2, 64), (1000, 128, 8, 1536), (333, 64, 8, 2048), (257, 256, 16, 7168),
-              (100, 40, 32, 256), (64, 16, 3, 2056)]
+              (100, 40, 32, 256), (64, 16, 3, 2056), (200, 64, 12, 520), (150, 64, 13, 776)]
 
 @requires_hopper
 @pytest.mark.parametrize("T,E,K,d", GPU_SHAPES)
