@@ -138,7 +138,7 @@ class _LayerK8Addmm(F._MoELayer):
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
         dw1, dw2, (dx_rows, d_score_partial) = F._routed_backward(
             (need_x, need_w1, need_w2, need_x or need_router), grad_out, x, w1, w2, scores, h, offsets, gather_idx,
-            rev_idx, lambda d_score_partial: d_score_partial, lambda dx_rows, d_score_partial: (dx_rows, d_score_partial))
+            rev_idx, lambda dx_rows, d_score_partial: (dx_rows, d_score_partial))
         d_logits = F.router_scores_backward(logits, scores, experts, F._scores_grad(d_score_partial, rev_idx),
                                             ctx.routing, num_experts=router_weight.shape[0]).to(x.dtype)
         d_router = d_logits.t() @ x if need_router else None

@@ -8,9 +8,9 @@ can be captured in a CUDA graph.
 Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients on our
 K5/K7 (weight_grad) where they outrun torch._grouped_mm over gathered copies, which eager mode
 uses elsewhere; compiled graphs run K5/K7 (see _experts_backward). Where 512 <= n <= 1024 the
-eager top-K backward runs K8 on a second stream beside K5 / K7, which leave it a few SMs
-(_TAIL_SM_MARGIN). sonicmoe.moe's top-K layer is one autograd Function (_MoELayer), whose backward
-runs the router's part right after K4 and starts K8's sum from the router's part of dx.
+eager top-K backward runs its tail (K8 and the router's part) on a second stream beside K5 / K7,
+which leave it a few SMs (_TAIL_SM_MARGIN). sonicmoe.moe's top-K layer is one autograd Function
+(_MoELayer), whose backward starts K8's sum from the router's part of dx.
 Token rounding runs the same kernels over a dense (T, E) assignment with partial_rows.
 
 CPU tensors run sonicmoe.reference (the same math in plain PyTorch).
@@ -104,18 +104,15 @@ def _weight_grad_tile(gather_a: bool, rows: int, num_experts: int, out_elements:
     return "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
 
 
-# The backward's tail, K8 (memory-bound, ~0.34 ms at olmoe-1b-7b), reads K6's dX~ and the router's
-# part of dx only, so it runs on a second stream beside K5 / K7, which leave it _TAIL_SM_MARGIN SMs
-# (their persistent grids take every SM otherwise). The router's part (R's backward and two cuBLAS
-# GEMMs, compute-bound) runs right after K4 on all SMs (_experts_backward's score_part; session 38
-# ran it beside K5 / K7 too, where it took 1.3-4.7 ms on 4 SMs ahead of K8: level with that in
-# session 39, -0.6 to +0.6% by config). The layer's backward in the anchors' protocol against K8
-# after K5 / K7 (experiments/tail_hidden.py, A/B in one process; sessions 38-39, five machine
-# starts): olmoe-1b-7b +0.9 to +2.5%, paper-30b-n512 +0.1 to +1.4%, paper-120b-n1024 +0.3 to
-# +0.8%, qwen3-30b-a3b 0.0 to +0.6%, paper-7b-n1024 -0.4 to +1.1%. Where n < 512 the GEMMs are too
-# short to hide it on a few SMs (paper-7b-n256 -0.3 to -0.9%); at n 1536 / 2048 it read -0.2 to
-# +1.0% and -1.8 to +0.3%: not a gain, so it stays after them there. 8 SMs read -2.8 to +1.2%, 16
-# lost at every config (session 38).
+# The backward's tail (K8, R's backward and the router's GEMMs: memory-bound, ~0.45 ms at
+# olmoe-1b-7b) reads K4's and K6's outputs only, so it runs on a second stream beside K5 / K7,
+# which leave it _TAIL_SM_MARGIN SMs (their persistent grids take every SM otherwise). The layer's
+# backward in the anchors' protocol against the tail after K5 / K7 (session 38,
+# experiments/tail_hidden.py, A/B in one process on four machine starts): olmoe-1b-7b +0.9 to
+# +1.8%, paper-30b-n512 +0.1 to +1.4%, paper-120b-n1024 +0.4 to +0.8%, paper-7b-n1024 +0.2 / +1.1%,
+# qwen3-30b-a3b 0.0 to +0.6%. Where n < 512 the GEMMs are too short to hide it on a few SMs
+# (paper-7b-n256 -0.3 / -0.9%); at n 1536 / 2048 it read -0.2 / +1.0% and -1.8 / +0.3%: not a
+# gain, so it stays after them there. 8 SMs read -2.8 to +1.2%, 16 lost at every config.
 _TAIL_SM_MARGIN = 4
 _TAIL_BESIDE_MIN_N, _TAIL_BESIDE_MAX_N = 512, 1024
 _side_streams_by_device = {}
@@ -138,8 +135,7 @@ def _side_streams(device):
     return _side_streams_by_device[key]
 
 
-def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows, score_part,
-                      rows_part):
+def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows, tail):
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
     K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
@@ -157,25 +153,21 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     every group's row count to be a multiple of 8 (a device-side assert otherwise), so compiled
     graphs run K5/K7.
     needs: which of (dx_rows, dw1, dw2, d_score_partial) to compute.
-    score_part(d_score_partial): the caller's work on K4's score gradient per sorted row and 128
-    columns of n ((rows, slots) fp32, which a row's score gradient sums; None unless needed), run
-    right after K4 on the backward's stream (the router's backward and GEMMs: compute-bound, they
-    take the whole GPU there, where on a few SMs beside K5 / K7 they kept K8 from starting).
-    rows_part(dx_rows, what score_part returned): the caller's work on K6's dX~ in the sorted
-    layout (None unless needed). It reads no weight gradient, so it runs beside K5 / K7 where
-    _tail_beside_weight_grads, else after them.
-    Returns (dw1, dw2, what rows_part returned)."""
+    tail(dx_rows, d_score_partial): the caller's work on K6's dX~ in the sorted layout and K4's
+    score gradient per sorted row and 128 columns of n ((rows, slots) fp32, which a row's score
+    gradient sums), each None unless needed. It reads no weight gradient, so it runs beside K5 / K7
+    where _tail_beside_weight_grads, else after them.
+    Returns (dw1, dw2, what tail returned)."""
     need_x, need_w1, need_w2, need_scores = needs
     d_out = grad_out.to(torch.bfloat16).contiguous()
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
                                                     partial_rows=partial_rows)
-    scored = score_part(d_score_partial if need_scores else None)
-    del d_score_partial
     dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows) if need_x else None
+    d_score_partial = d_score_partial if need_scores else None
     if torch.compiler.is_compiling():
         dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows) if need_w2 else None
         dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows) if need_w1 else None
-        return dw1, dw2, rows_part(dx_rows, scored)
+        return dw1, dw2, tail(dx_rows, d_score_partial)
     # An idle expert's gradient must be exactly zero. On sm90 torch._grouped_mm writes zeros for
     # an empty group (its K loop is empty; pytorch/pytorch#172439 has Blackwell's kernels not
     # doing so), so no pass over the gradients is needed: a torch.where there cost 7 of the
@@ -183,7 +175,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     # With no rows at all there is nothing to reduce.
     if gather_idx.shape[0] == 0:
         return (torch.zeros_like(w1) if need_w1 else None), (torch.zeros_like(w2) if need_w2 else None), \
-            rows_part(dx_rows, scored)
+            tail(dx_rows, d_score_partial)
 
     def weight_grads(sm_margin):
         rows, E = gather_idx.shape[0], w2.shape[0]
@@ -200,7 +192,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
 
     if not ((need_w1 or need_w2) and _tail_beside_weight_grads(x, w2.shape[2], partial_rows)):
         dw1, dw2 = weight_grads(0)
-        return dw1, dw2, rows_part(dx_rows, scored)
+        return dw1, dw2, tail(dx_rows, d_score_partial)
     main = torch.cuda.current_stream(x.device)
     gemm, side = _side_streams(x.device)
     gemm.wait_stream(main)
@@ -208,7 +200,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     with torch.cuda.stream(gemm):
         dw1, dw2 = weight_grads(_TAIL_SM_MARGIN)
     with torch.cuda.stream(side):
-        result = rows_part(dx_rows, scored)
+        result = tail(dx_rows, d_score_partial)
     # Joined here and forked from main above, every use is ordered without record_stream: main's
     # later work follows both streams, so main's tensors read there may go back to main's pool when
     # freed; the outputs, from the side streams' pools, are next written there after a fork from
@@ -229,16 +221,14 @@ def _routed_forward(x, w1, w2, scores, experts, keep_h):
     return combine(y, scores, meta.rev_idx), (h if keep_h else None), meta
 
 
-def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx, score_part, rows_part):
-    """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores).
-    score_part(d_score_partial): K4's score-gradient slots per sorted row (None unless needs[3]),
-    which R's backward or _scores_grad sums. rows_part(dx_rows, what score_part returned): dx_rows
-    is K6's dX~ in the sorted layout (None unless needs[0]), which K8 (combine_dx) sums per token.
-    Returns (dw1, dw2, rows_part's result)."""
+def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx, tail):
+    """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores). tail(dx_rows,
+    d_score_partial): dx_rows is K6's dX~ in the sorted layout (None unless needs[0]), which K8
+    (combine_dx) sums per token; d_score_partial K4's score-gradient slots per sorted row (None
+    unless needs[3]), which R's backward or _scores_grad sums. Returns (dw1, dw2, tail's result)."""
     row_score = scores.new_empty(gather_idx.shape[0])
     row_score[rev_idx.reshape(-1).long()] = scores.reshape(-1)
-    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, False, score_part,
-                             rows_part)
+    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, False, tail)
 
 
 def _scores_grad(d_score_partial, rev_idx):
@@ -263,14 +253,12 @@ class _MoEExperts(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, w1, w2, scores, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
 
-        def score_part(d_score_partial):
-            return _scores_grad(d_score_partial, rev_idx) if d_score_partial is not None else None
-
-        def rows_part(dx_rows, dscores):
-            return combine_dx(dx_rows, rev_idx) if dx_rows is not None else None, dscores
+        def tail(dx_rows, d_score_partial):
+            return (combine_dx(dx_rows, rev_idx) if dx_rows is not None else None,
+                    _scores_grad(d_score_partial, rev_idx) if d_score_partial is not None else None)
 
         dw1, dw2, (dx, dscores) = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores, h,
-                                                   offsets, gather_idx, rev_idx, score_part, rows_part)
+                                                   offsets, gather_idx, rev_idx, tail)
         return dx, dw1, dw2, dscores, None, None
 
 
@@ -302,19 +290,17 @@ class _MoELayer(torch.autograd.Function):
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
         need_logits = need_x or need_router
 
-        def score_part(d_score_partial):  # (the router's part of dx, d_router)
+        def tail(dx_rows, d_score_partial):
             if not need_logits:
                 return None, None
             d_logits = router_backward(d_score_partial, rev_idx, scores, experts, logits, router_weight.shape[0],
                                        ctx.routing)
-            return (d_logits @ router_weight if need_x else None), (d_logits.t() @ x if need_router else None)
-
-        def rows_part(dx_rows, scored):
-            dx_router, d_router = scored
-            return (combine_dx(dx_rows, rev_idx, dx_router) if need_x else None), d_router
+            d_router = d_logits.t() @ x if need_router else None
+            dx = combine_dx(dx_rows, rev_idx, d_logits @ router_weight) if need_x else None
+            return dx, d_router
 
         dw1, dw2, (dx, d_router) = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1, w2,
-                                                    scores, h, offsets, gather_idx, rev_idx, score_part, rows_part)
+                                                    scores, h, offsets, gather_idx, rev_idx, tail)
         return dx, d_router, dw1, dw2, None, None, None
 
 
@@ -346,8 +332,11 @@ class _MoEDenseExperts(torch.autograd.Function):
         x, w1, w2, h, offsets, gather_idx, token_offsets, rows, sorted_scores = ctx.saved_tensors
         T, E = ctx.dense_shape
 
-        def score_part(d_score_partial):
-            dscores = None
+        def tail(dx_rows, d_score_partial):
+            dx = dscores = None
+            if dx_rows is not None:
+                ones = torch.ones(rows.shape, dtype=torch.float32, device=x.device)
+                dx = combine_csr(dx_rows, ones, rows, token_offsets).to(x.dtype)
             if d_score_partial is not None:
                 # Sorted row r < M holds (gather_idx[r], e) with off[e] <= r < off[e+1]; rows past M
                 # go to a spare slot that is dropped (no host sync).
@@ -359,17 +348,10 @@ class _MoEDenseExperts(torch.autograd.Function):
                 flat = torch.where(r < offsets[-1], gather_idx.long() * E + expert, T * E)
                 dscores = torch.zeros(T * E + 1, dtype=torch.float32, device=x.device)
                 dscores = dscores.scatter_(0, flat, d_score_partial.sum(dim=1))[: T * E].view(T, E)
-            return dscores
-
-        def rows_part(dx_rows, dscores):
-            dx = None
-            if dx_rows is not None:
-                ones = torch.ones(rows.shape, dtype=torch.float32, device=x.device)
-                dx = combine_csr(dx_rows, ones, rows, token_offsets).to(x.dtype)
             return dx, dscores
 
         dw1, dw2, (dx, dscores) = _experts_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, h, sorted_scores,
-                                                    offsets, gather_idx, True, score_part, rows_part)
+                                                    offsets, gather_idx, True, tail)
         return dx, dw1, dw2, dscores, None, None, None, None, None
 
 

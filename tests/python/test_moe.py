@@ -269,10 +269,10 @@ def test_tail_runs_beside_the_weight_gradients_only_in_eager_cuda_top_k_at_n_512
 @pytest.mark.parametrize("layer", ["moe", "moe_routed"])
 @pytest.mark.parametrize("needs", ["all", "weights", "x_and_router"])
 def test_tail_beside_the_weight_gradients_gives_the_same_bits(monkeypatch, layer, needs):
-    # Where 512 <= n <= 1024 the backward's tail (K8; the router's part runs after K4) runs on a second
-    # stream while K5 / K7 leave it SMs (functional._TAIL_SM_MARGIN); here at n 128, the rule widened,
-    # against the tail after them: every gradient must be bit-identical (each is one deterministic
-    # kernel either way).
+    # Where 512 <= n <= 1024 the backward's tail (K8 and the router's part) runs on a second stream
+    # while K5 / K7 leave it SMs (functional._TAIL_SM_MARGIN); here at n 128, the rule widened, against
+    # the tail after them: every gradient must be bit-identical (each is one deterministic kernel
+    # either way).
     F = sonicmoe.functional
     gen = generator("cuda", "tail-beside", layer, needs)
     T, d, n, E, K = 700, 256, 128, 16, 4
