@@ -192,6 +192,10 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
 
     if not ((need_w1 or need_w2) and _tail_beside_weight_grads(x, w2.shape[2], partial_rows)):
         dw1, dw2 = weight_grads(0)
+        # dH and A' (and the bf16 copy of dO) are done with: freed before the tail allocates K8's dx
+        # and the router's part of dx, two T x d bf16 tensors that otherwise raise the step's peak
+        # (session 39: deepseek-v3 26542 MiB kept to here, 26091 freed).
+        del d_h, a_scaled, d_out
         return dw1, dw2, tail(dx_rows, d_score_partial)
     main = torch.cuda.current_stream(x.device)
     gemm, side = _side_streams(x.device)
