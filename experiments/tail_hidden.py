@@ -1,22 +1,19 @@
 """The backward's memory-bound tail beside K5 / K7 on SMs they leave to it, against after them.
 
 After K4 and K6 the top-K layer's backward runs K5 (dW2) and K7 (dW1), compute-bound, and its
-tail: K8 (combine_dx), memory-bound at the copy rate (~0.33 ms at olmoe-1b-7b), and the router's
-part (router_backward and the router's two cuBLAS GEMMs), which since session 39 runs right after
-K4 on the backward's stream. K8 reads only K6's dX~ and the router's part of dx, so
-sonicmoe.functional runs it on a second stream beside K5 / K7 (where _TAIL_BESIDE_MIN_N <= n <=
-_TAIL_BESIDE_MAX_N), which leave it _TAIL_SM_MARGIN SMs (weight_grad's sm_margin: their persistent
-grids take every SM otherwise) and run on a stream of higher priority.
+tail: router_backward, the router's two cuBLAS GEMMs and K8 (combine_dx), memory-bound at the
+copy rate (~0.45 ms at olmoe-1b-7b, ~0.8 ms at paper-30b-n512). The tail reads only K4's score
+slots and K6's dX~, so sonicmoe.functional runs it on a second stream beside K5 / K7 (where
+_TAIL_BESIDE_MIN_N <= n <= _TAIL_BESIDE_MAX_N), which leave it _TAIL_SM_MARGIN SMs (weight_grad's
+sm_margin: their persistent grids take every SM otherwise) and run on a stream of higher priority.
 
 Timed as the anchors' protocol (forward and forward + backward windows after idle; the backward
 is their difference), the variants alternating in one process, at every n:
-  sequential         K8 after K5 / K7 (the router's part after K4)
-  beside_mN          K8 beside K5 / K7, which leave it N SMs (N = 0: it takes only what their
-                     last waves leave)
-  router_beside_mN   session 38's form: the router's part beside K5 / K7 too, before K8
+  sequential    the tail after K5 / K7 (the backward before session 38)
+  beside_mN     the tail beside K5 / K7, which leave it N SMs (N = 0: it takes only what their
+                last waves leave)
 
-    python experiments/tail_hidden.py [--margins 0,4,8,16] [--router-beside 4] [--rounds 3] [--check] [--trace]
-                                      [CONFIG ...]
+    python experiments/tail_hidden.py [--margins 0,4,8,16] [--rounds 3] [--check] [--trace] [CONFIG ...]
 """
 import argparse
 import statistics
@@ -31,41 +28,26 @@ import sonicmoe  # noqa: E402
 from sonicmoe import functional  # noqa: E402
 
 RULE = (functional._TAIL_SM_MARGIN, functional._TAIL_BESIDE_MIN_N, functional._TAIL_BESIDE_MAX_N)
-EXPERTS_BACKWARD = functional._experts_backward
 
 
-def _router_part_beside(*args):
-    """_experts_backward with the caller's score part moved into its rows part (session 38's order:
-    the router's backward and GEMMs on the side stream before K8)."""
-    *rest, score_part, rows_part = args
-    return EXPERTS_BACKWARD(*rest, lambda d_score_partial: d_score_partial,
-                            lambda dx_rows, d_score_partial: rows_part(dx_rows, score_part(d_score_partial)))
-
-
-def variant(spec):
-    """Sets the layer's rule from (margin, router_beside): margin None runs K8 after K5 / K7, else
-    beside them on a second stream, K5 / K7 leaving it `margin` SMs (at every n); router_beside
-    moves the router's part there too."""
-    margin, router_beside = spec
+def variant(margin):
+    """Sets the layer's rule: margin None runs the tail after K5 / K7 (the backward before
+    session 38), else beside them on a second stream, K5 / K7 leaving it `margin` SMs (at every n)."""
     functional._TAIL_SM_MARGIN = margin or 0
     functional._TAIL_BESIDE_MIN_N = 0
     functional._TAIL_BESIDE_MAX_N = -1 if margin is None else 1 << 30
-    functional._experts_backward = _router_part_beside if router_beside else EXPERTS_BACKWARD
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--margins", default="0,4,8,16", help="SMs K5 / K7 leave to the tail, one variant each")
-    ap.add_argument("--router-beside", default="", help="margins of session 38's order (the router's part beside)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="compare the gradients with the sequential one's first")
     ap.add_argument("--trace", action="store_true", help="print one step's backward kernels per variant")
     ap.add_argument("configs", nargs="*", default=["olmoe-1b-7b", "paper-30b-n512"])
     args = ap.parse_args()
     _, _, configs = bench.load_anchors()
-    margins = [int(v) for v in args.margins.split(",") if v]
-    variants = {"sequential": (None, False), **{f"beside_m{m}": (m, False) for m in margins},
-                **{f"router_beside_m{m}": (int(m), True) for m in args.router_beside.split(",") if m}}
+    variants = {"sequential": None, **{f"beside_m{m}": m for m in (int(v) for v in args.margins.split(",") if v)}}
     bench.warm_up_gpu(1.0)
     _, timer = bench.anchor_protocol_timer()
     for name in args.configs:
@@ -121,7 +103,6 @@ def main():
                 print(f"  {name} round {r} {v}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
                       f"bwd {bwd[v][-1]:.1f} TF", flush=True)
         functional._TAIL_SM_MARGIN, functional._TAIL_BESIDE_MIN_N, functional._TAIL_BESIDE_MAX_N = RULE
-        functional._experts_backward = EXPERTS_BACKWARD
         base = statistics.median(bwd["sequential"])
         print(f"{name}: bwd TFLOP/s (median of {args.rounds}) " +
               " | ".join(f"{v} {statistics.median(t):.1f} ({statistics.median(t) / base:.3f})" for v, t in bwd.items()),
