@@ -75,13 +75,13 @@ __device__ __forceinline__ void store_bf16(uint4* dst, const float (&acc)[kVec])
 }
 
 // K3 (scores), K8 (scores == nullptr: unit weights, the sum starting from addend[t], the router's
-// part of dx, when given). K8 runs beside K5 / K7 on the few SMs they leave (sonicmoe.functional),
-// where its rate per SM is its bytes in flight over their latency: held in registers, the loads
-// took 69 registers a thread (28 warps, 112 KB in flight an SM). Here each lane copies its 16-byte
-// chunks by cp.async into its own shared-memory slots, kStages - 1 passes of the row ahead of the
-// one it sums, and reads back only what it copied, so cp.async.wait_group orders it with no
-// barrier: at top_k 8, 3 blocks of 4 warps an SM, each with up to 4 passes of 4.5 KB in flight, on
-// 40 registers. Lane k holds (row, score) of pair (t, k); the others get them by shuffles.
+// part of dx, when given). Each lane copies its 16-byte chunks by cp.async into its own
+// shared-memory slots, kStages - 1 passes of the row ahead of the one it sums, and reads back only
+// what it copied, so cp.async.wait_group orders it with no barrier: at top_k 8, 3 blocks of 4 warps
+// an SM, each with up to 4 passes of 4.5 KB in flight, on 40 registers. Loads held in registers took
+// 69 (28 warps, 112 KB in flight an SM) and ran 1-5% slower alone at top_k 8, 30% at top_k 2
+// (docs/perf-notes.md, session 39; beside K5 / K7 both read at the same rate). Lane k holds
+// (row, score) of pair (t, k); the others get them by shuffles.
 template <int kStages>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 combine_kernel(const uint4* __restrict__ y, const float* __restrict__ scores, const int32_t* __restrict__ rev_idx,
