@@ -5,6 +5,8 @@ metadata and buffers they pass between ops (token rounding's upper-bound ones in
 they save for backward and the ops' fakes under torch.compile. The kernels themselves are tested
 against the same reference on the GPU (test_moe.py and the per-kernel tests)."""
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -149,6 +151,37 @@ def test_no_grad_keeps_no_h(kernels):
     finally:
         sonicmoe.functional.up_proj = real
     assert calls == [0]  # H not written
+
+
+@pytest.mark.parametrize("layer", ["moe", "moe_routed"])
+def test_one_stream_tail_starts_after_dh_and_a_prime_are_freed(kernels, monkeypatch, layer):
+    # The one-stream backward frees K4's dH and A' before its tail (K8, and the router's part in
+    # moe's layer) allocates two T x d outputs: held, they raised the step's peak by those
+    # (docs/perf-notes.md, session 39).
+    F_ = sonicmoe.functional
+    k4_outputs, alive_at_k8 = [], []
+    real_k4, real_k8 = F_.down_proj_grad, F_.combine_dx
+
+    def k4(*args, **kwargs):
+        out = real_k4(*args, **kwargs)
+        k4_outputs.extend(weakref.ref(t) for t in out[:2])  # dH, A'
+        return out
+
+    def k8(*args, **kwargs):
+        alive_at_k8.append([ref() is not None for ref in k4_outputs])
+        return real_k8(*args, **kwargs)
+
+    monkeypatch.setattr(F_, "down_proj_grad", k4)
+    monkeypatch.setattr(F_, "combine_dx", k8)
+    x, router, w1, w2 = layer_leaves(200, 64, 48, 8, "emulated-freed", layer)
+    if layer == "moe":
+        out = sonicmoe.moe(x, router, w1, w2, 2)
+    else:
+        with torch.no_grad():
+            scores, experts = sonicmoe.router_topk(F.linear(x, router), 2, "topk_softmax")
+        out = sonicmoe.moe_routed(x, w1, w2, scores.requires_grad_(True), experts)
+    out.float().sum().backward()
+    assert alive_at_k8 == [[False, False]]
 
 
 def compiled_against_eager(fn, leaves, g, backend, call=lambda f, leaves: f(*leaves)):
