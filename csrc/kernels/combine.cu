@@ -61,9 +61,11 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[kVec], const uint4*
   }
 }
 
-// One 16-byte cp.async (L2 only) from global src to the shared-window address dst.
+// One 16-byte cp.async (L2 only) from global src to the shared-window address dst. The memory
+// clobber keeps the compiler from moving a lane's earlier reads of a stage past the copy that
+// refills it (the SASS is the same with and without it).
 __device__ __forceinline__ void cp_async_16B(uint32_t dst, const uint4* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void store_bf16(uint4* dst, const float (&acc)[kVec]) {
