@@ -26,15 +26,7 @@ sys.path.insert(0, "benchmarks")
 import bench  # noqa: E402
 import sonicmoe  # noqa: E402
 from sonicmoe import functional  # noqa: E402
-
-RULE = (functional._TAIL_SM_MARGIN, functional._TAIL_BESIDE_MIN_N, functional._TAIL_BESIDE_MAX_N)
-
-
-def variant(margin):
-    """K8 after K5 / K7 (margin None), else beside them, which leave it `margin` SMs (at every n)."""
-    functional._TAIL_SM_MARGIN = margin or 0
-    functional._TAIL_BESIDE_MIN_N = 0
-    functional._TAIL_BESIDE_MAX_N = -1 if margin is None else 1 << 30
+from tail_hidden import RULE, variant  # noqa: E402  (margin None: K8 after K5 / K7, else beside them)
 
 
 def stamps(dx):

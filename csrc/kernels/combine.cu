@@ -28,6 +28,12 @@ constexpr int kLoadBatch = 8;   // combine_csr: rows loaded before accumulating 
 // (up to 132 KB at top_k 32).
 constexpr int kFourStagesMaxTopK = 12;
 
+// A combine_kernel block's shared memory: per warp and stage, top_k rows and the addend, 32 lanes'
+// 16-byte chunks each.
+constexpr size_t slots_bytes(int stages, int top_k) {
+  return size_t(kWarpsPerBlock) * stages * (top_k + 1) * 32 * sizeof(uint4);
+}
+
 __device__ __forceinline__ void accumulate(float (&acc)[kVec], uint4 raw, float s) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
@@ -197,7 +203,7 @@ Status launch_combine_stages(const void* y, const float* scores, const int32_t* 
                              void* out, int64_t num_tokens, int top_k, int64_t d, int64_t num_rows,
                              cudaStream_t stream) {
   constexpr auto kernel = &combine_kernel<kStages>;
-  constexpr size_t kMostSmem = size_t(kWarpsPerBlock) * kStages * (kMaxK + 1) * 32 * sizeof(uint4);
+  constexpr size_t kMostSmem = slots_bytes(kStages, kMaxK);
   static_assert(kMostSmem <= 227 * 1024, "more shared memory than an sm90 block may use");
   int opted_in = 0;
   SONICMOE_TRY(once_per_device<kernel>(&opted_in, [&](int* done) -> Status {
@@ -206,8 +212,7 @@ Status launch_combine_stages(const void* y, const float* scores, const int32_t* 
     return Status::success();
   }));
   const int64_t blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const size_t smem = size_t(kWarpsPerBlock) * kStages * (top_k + 1) * 32 * sizeof(uint4);
-  kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, stream>>>(
+  kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, slots_bytes(kStages, top_k), stream>>>(
       static_cast<const uint4*>(y), scores, rev_idx, static_cast<const uint4*>(addend), static_cast<uint4*>(out),
       num_tokens, top_k, d / kVec, num_rows);
   SONICMOE_CUDA_TRY(cudaGetLastError());
