@@ -1,7 +1,7 @@
 """K8's timeline beside K5 / K7, warp by warp, on a build with experiments/k8_timeline.diff (a
 diagnostic, never the product: K8's warps write their start and end (global timer, ns) and their
 SM over the first 24 bytes of their token's row of dx): how many SMs K8 has over time and what each
-one reads. Session 40: beside K5 / K7, exactly the SMs they leave, at 30-39 GB/s each (the whole
+one reads. Session 40: beside K5 / K7, exactly the SMs they leave, at 29-39 GB/s each (the whole
 GPU's copy rate spread over 132), the rest of its bytes after them on all SMs.
 
 For each config and variant (K8 after K5 / K7, or beside them with a margin of N SMs), one layer
