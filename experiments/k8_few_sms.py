@@ -2,7 +2,7 @@
 and a sum (reads only) on the few SMs a spinning kernel leaves free, against each alone on the whole
 GPU. The spinner holds one block per SM (all of its shared memory, so nothing else fits there) and
 spins on the global timer, touching no memory. experiments/k8_timeline.py measures K8 beside K5 / K7
-instead (30-38 GB/s an SM, session 40).
+instead (29-39 GB/s an SM, session 40).
 
 Session 40 (T 8192, d 2048, top_k 8, 336 MB a call), GB/s an SM:
 
