@@ -41,6 +41,35 @@ def _check_one_device(names, *tensors):
         raise ValueError(f"{names}: expected one device, got {sorted(map(str, devices))}")
 
 
+def _autocast_inputs(x, *tensors):
+    """torch.autocast's rule at the layer's entry, as nn.Linear follows it: under autocast on x's
+    device, x and the weights run in the autocast dtype and their gradients flow back through the
+    casts to the caller's (e.g. fp32 master) tensors. The casts are copies per call, kept for
+    backward like autocast's own (weights in bf16 copy nothing). The CUDA kernels are bf16 only,
+    so CUDA autocast must be bfloat16. Outside autocast nothing is cast. Scores are not passed
+    here: they stay fp32 (the kernels combine in fp32)."""
+    device_type = x.device.type
+    if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):
+        return (x, *tensors)
+    dtype = torch.get_autocast_dtype(device_type)
+    if device_type == "cuda" and dtype != torch.bfloat16:
+        raise ValueError(f"torch.autocast dtype = {dtype} breaks the rule: must be torch.bfloat16 on CUDA "
+                         "(the kernels are bf16)")
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in (x, *tensors))
+
+
+def _token_rows(x, d):
+    """x as (T, d) rows the kernels can read: contiguous and 16-byte aligned, copied only where
+    the caller's view is not (a transposed or sliced activation); its gradient flows back to x."""
+    rows = x.reshape(-1, d)
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    elif (rows.is_cuda and rows.numel() and not torch.compiler.is_compiling()
+          and rows.data_ptr() % 16):  # Inductor copies its misaligned inputs itself
+        rows = rows.clone()
+    return rows
+
+
 def _kernel_path(x, w1, w2) -> bool:
     """True for the CUDA kernels, False for the CPU reference; raises where neither applies."""
     if x.device.type not in _ops.KERNEL_DEVICE_TYPES:
@@ -52,7 +81,9 @@ def _kernel_path(x, w1, w2) -> bool:
     for name, t in (("x", x), ("w1", w1), ("w2", w2)):
         if t.dtype != torch.bfloat16:
             raise ValueError(f"{name}.dtype = {t.dtype} breaks the rule: must be torch.bfloat16 "
-                             "on CUDA (the kernels are bf16; CPU tensors run the reference)")
+                             "on CUDA (the kernels are bf16; CPU tensors run the reference): keep the "
+                             "parameters in bf16 or call the layer under torch.autocast('cuda', "
+                             "dtype=torch.bfloat16)")
     for name, t in (("w1", w1), ("w2", w2)):
         if not t.is_contiguous():
             raise ValueError(f"{name}.stride() = {t.stride()} breaks the rule: must be contiguous "
@@ -366,8 +397,10 @@ def moe_routed(x, w1, w2, scores, experts):
     scores: (T, K) (fp32 recommended; the kernels combine in fp32); experts: (T, K) integer
     ids in [0, E) (not range-checked on the device: that would sync). Returns (T, d).
     """
+    x, w1, w2 = _autocast_inputs(x, w1, w2)
     reference.check_routed_args(x, w1, w2, scores, experts)
     _check_one_device("x, w1, w2, scores, experts", x, w1, w2, scores, experts)
+    x = _token_rows(x, x.shape[-1])
     if not _kernel_path(x, w1, w2):
         return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
     return _MoEExperts.apply(x, w1, w2, scores.float(), experts, _grad_enabled_for(x, w1, w2, scores))
@@ -382,6 +415,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     "nearest", "up" or "down"; DESIGN §6). Returns x's shape.
     """
     reference._check_routing(routing, dense_ok=True)
+    x, router_weight, w1, w2 = _autocast_inputs(x, router_weight, w1, w2)
     d = x.shape[-1]
     if router_weight.dim() != 2 or router_weight.shape[1] != d:
         raise ValueError(f"router_weight: expected shape (E, d) with d = {d}, got {_shape(router_weight)}")
@@ -393,12 +427,12 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     if routing == "token_rounding":
         if not _kernel_path(x, w1, w2):
             return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
-        x2 = x.reshape(-1, d)
+        x2 = _token_rows(x, d)
         probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x2, router_weight), top_k, tile, rule,
                                                                  fp32_probs=True)
         keep_h = _grad_enabled_for(x2, w1, w2, probs)
         return _MoEDenseExperts.apply(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h).reshape(x.shape)
-    x2 = x.reshape(-1, d)
+    x2 = _token_rows(x, d)
     if on_kernels(x2) and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K:
         reference._check_expert_weights(x2, w1, w2)
         _check_one_device("x, router_weight, w1, w2", x2, router_weight, w1, w2)

@@ -153,6 +153,39 @@ def test_no_grad_keeps_no_h(kernels):
     assert calls == [0]  # H not written
 
 
+@pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
+def test_autocast_runs_the_kernel_path_on_the_cast_tensors(kernels, routing):
+    # fp32 leaves under autocast(bfloat16) reach the layer's autograd Functions as bf16 casts: the
+    # output and the gradients (cast back to fp32) are those of bf16 leaves, bit for bit.
+    gen = generator("cpu", "emulated-autocast", routing)
+    fp32 = [t.float().requires_grad_(True) for t in make_layer(300, 128, 64, 8, "cpu", gen)]
+    low = [t.detach().bfloat16().requires_grad_(True) for t in fp32]
+    g = torch.randn(300, 128, generator=gen).bfloat16()
+    outs = []
+    for leaves in (fp32, low):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = sonicmoe.moe(*leaves, 2, routing=routing, tile=64)
+        assert made_by(out, "_MoEDenseExperts" if routing == "token_rounding" else "_MoELayer")
+        assert out.dtype == torch.bfloat16
+        out.backward(g)
+        outs.append(out.detach())
+    assert torch.equal(outs[0], outs[1])
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), fp32, low):
+        assert got.grad.dtype == torch.float32 and torch.equal(got.grad, want.grad.float()), name
+
+
+def test_strided_x_reaches_the_kernels_as_contiguous_rows(kernels):
+    gen = generator("cpu", "emulated-strided")
+    x, router, w1, w2 = make_layer(300, 128, 64, 8, "cpu", gen)
+    base = x.t().contiguous().requires_grad_(True)
+    out = sonicmoe.moe(base.t(), router, w1, w2, 2)
+    assert made_by(out, "_MoELayer") and torch.equal(out, sonicmoe.moe(x, router, w1, w2, 2))
+    out.backward(torch.ones_like(out))
+    want = x.clone().requires_grad_(True)
+    sonicmoe.moe(want, router, w1, w2, 2).backward(torch.ones_like(out))
+    assert torch.equal(base.grad.t(), want.grad)
+
+
 @pytest.mark.parametrize("layer", ["moe", "moe_routed"])
 def test_one_stream_tail_starts_after_dh_and_a_prime_are_freed(kernels, monkeypatch, layer):
     # The one-stream backward frees K4's dH and A' before its tail (K8, and the router's part in

@@ -4,6 +4,7 @@ Routing decisions are taken once and shared (DESIGN §7: near-ties flip under bf
 comparison is of the expert math and the combine, forward and backward."""
 
 import re
+import types
 import zlib
 
 import pytest
@@ -126,6 +127,37 @@ def test_validation_errors(call, exc, match):
     x, router, w1, w2 = make_layer(9, 32, 16, 4, "cpu", generator("cpu", "val"), torch.float32)
     with pytest.raises(exc, match=match):
         call(x, router, w1, w2)
+
+
+def test_autocast_casts_at_the_entry_as_nn_linear_does():
+    # fp32 parameters and activations under autocast (the AMP recipe): the layer runs in the
+    # autocast dtype, its output is that dtype and every gradient flows back to the fp32 leaves
+    # through the casts, the same values as the layer on the cast tensors (here on the CPU's
+    # reference path; the GPU tests below check the kernels' path).
+    gen = generator("cpu", "autocast")
+    fp32 = [t.requires_grad_(True) for t in make_layer(9, 32, 16, 4, "cpu", gen, torch.float32)]
+    low = [t.detach().bfloat16().requires_grad_(True) for t in fp32]
+    g = torch.randn(9, 32, generator=gen).bfloat16()
+    for leaves in (fp32, low):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = sonicmoe.moe(*leaves, 2)
+        assert out.dtype == torch.bfloat16
+        out.backward(g)
+        leaves.append(out)
+    for name, got, want in zip(("x", "router", "w1", "w2"), fp32, low):
+        assert got.grad.dtype == torch.float32 and torch.equal(got.grad, want.grad.float()), name
+    assert torch.equal(fp32[-1], low[-1])
+
+
+def test_cuda_autocast_must_be_bfloat16(monkeypatch):
+    # The kernels are bf16 only: fp16 autocast is refused before anything runs (stand-in tensor:
+    # this machine may have no GPU).
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: torch.float16)
+    x = types.SimpleNamespace(device=torch.device("cuda"))
+    with pytest.raises(ValueError, match=re.escape("torch.autocast dtype = torch.float16 breaks the rule: "
+                                                   "must be torch.bfloat16 on CUDA")):
+        sonicmoe.functional._autocast_inputs(x)
 
 
 # ------------------------------------------------------------------ GPU
@@ -305,6 +337,98 @@ def test_tail_beside_the_weight_gradients_gives_the_same_bits(monkeypatch, layer
 
 
 @requires_hopper
+@pytest.mark.parametrize("entry", ["moe", "token_rounding", "moe_routed", "module"])
+def test_autocast_runs_fp32_parameters_with_the_bf16_layers_bits(entry):
+    # The AMP recipe: fp32 parameters and an fp32 residual stream under autocast(bfloat16). The
+    # layer casts at its entry (as nn.Linear does), so its output is the bf16 layer's, bit for bit,
+    # and each fp32 gradient is the bf16 layer's gradient cast (deterministic kernels).
+    gen = generator("cuda", "autocast", entry)
+    T, d, n, E, K = 300, 256, 128, 16, 2
+    x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    g = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    scores, experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), K, "topk_softmax")
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        if entry == "module":
+            layer = sonicmoe.MoE(d, n, E, K, device="cuda", dtype=dtype)
+            with torch.no_grad():
+                for p, t in zip((layer.router_weight, layer.w1, layer.w2), (router, w1, w2)):
+                    p.copy_(t)
+            leaves = [x.to(dtype).requires_grad_(True), layer.router_weight, layer.w1, layer.w2]
+        else:
+            leaves = [t.to(dtype).requires_grad_(True) for t in (x, router, w1, w2)]
+            if entry == "moe_routed":
+                leaves[1] = scores.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if entry == "module":
+                out = layer(leaves[0])
+            elif entry == "moe_routed":
+                out = sonicmoe.moe_routed(leaves[0], leaves[2], leaves[3], leaves[1], experts)
+            else:
+                out = sonicmoe.moe(*leaves, K, routing="token_rounding" if entry == "token_rounding" else "topk_softmax")
+        assert out.dtype == torch.bfloat16
+        out.backward(g)
+        results.append((out.detach(), [t.grad for t in leaves], [t.dtype for t in leaves]))
+    (out32, grads32, dtypes32), (out16, grads16, _) = results
+    assert torch.isfinite(out16).all() and torch.equal(out32, out16)
+    for name, got, want, dtype in zip(("x", "router or scores", "w1", "w2"), grads32, grads16, dtypes32):
+        assert got.dtype == dtype and torch.isfinite(want).all() and torch.equal(got, want.to(dtype)), name
+
+
+@requires_hopper
+def test_autocast_float16_and_fp32_weights_outside_autocast_are_refused():
+    gen = generator("cuda", "autocast-refused")
+    x, router, w1, w2 = make_layer(64, 128, 64, 8, "cuda", gen)
+    with torch.autocast("cuda", dtype=torch.float16), pytest.raises(
+            ValueError, match=re.escape("torch.autocast dtype = torch.float16 breaks the rule")):
+        sonicmoe.moe(x, router, w1, w2, 2)
+    with pytest.raises(ValueError, match=re.escape("w1.dtype = torch.float32 breaks the rule: must be torch.bfloat16 "
+                                                   "on CUDA")) as error:
+        sonicmoe.moe_routed(x, w1.float(), w2, torch.ones(64, 2, device="cuda"),
+                            torch.zeros(64, 2, device="cuda", dtype=torch.long))
+    assert "torch.autocast('cuda', dtype=torch.bfloat16)" in str(error.value)
+
+
+@requires_hopper
+@pytest.mark.parametrize("entry", ["moe", "moe_routed"])
+@pytest.mark.parametrize("view", ["transposed", "misaligned"])
+def test_strided_or_misaligned_x_gives_the_contiguous_bits(entry, view):
+    # x as a transposed view or at a storage offset that is not 16-byte aligned (a sliced
+    # activation): the layer reads a copy where the kernels need one; same bits, and x's gradient
+    # reaches the view's base.
+    gen = generator("cuda", "strided-x", entry, view)
+    T, d, n, E, K = 300, 256, 128, 16, 2
+    x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
+    g = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+    scores, experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), K, "topk_softmax")
+
+    def run(base, as_x):
+        leaves = [t.clone().requires_grad_(True) for t in (router, w1, w2)]
+        xs = as_x(base)
+        if entry == "moe":
+            out = sonicmoe.moe(xs, *leaves, K)
+        else:
+            leaves[0] = scores.clone().requires_grad_(True)
+            out = sonicmoe.moe_routed(xs, leaves[1], leaves[2], leaves[0], experts)
+        out.backward(g)
+        return out, [base.grad] + [t.grad for t in leaves]
+
+    if view == "transposed":
+        base = x.t().contiguous().requires_grad_(True)
+        as_x, x_grad_of = (lambda b: b.t()), (lambda grad: grad.t())
+    else:
+        base = torch.cat([x.new_zeros(1), x.flatten()]).requires_grad_(True)
+        as_x, x_grad_of = (lambda b: b[1:].view(T, d)), (lambda grad: grad[1:].view(T, d))
+        assert as_x(base).data_ptr() % 16
+    out, grads = run(base, as_x)
+    want_out, want_grads = run(x.clone().requires_grad_(True), lambda b: b)
+    assert torch.equal(out, want_out)
+    grads[0] = x_grad_of(grads[0])
+    for name, got, want in zip(("x", "router or scores", "w1", "w2"), grads, want_grads):
+        assert torch.isfinite(want).all() and torch.equal(got, want), name
+
+
+@requires_hopper
 @pytest.mark.parametrize("d", [256, 4096])  # d 4096: K1 on the clustered tile (a cluster launch)
 def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph(d):
     gen = generator("cuda", "graph", d)
@@ -428,6 +552,24 @@ def test_torch_compile_fullgraph_forward_and_backward(routing):
         return sonicmoe.moe(x, router, w1, w2, K, routing=routing, **opts)
 
     for name, eager, comp in eager_and_compiled(layer, torch.compile(layer, fullgraph=True), leaves, grad):
+        assert rel(comp, eager) <= 1e-2, name
+
+
+@requires_hopper
+def test_torch_compile_fullgraph_under_autocast_with_fp32_parameters():
+    # The entry's casts trace too: the compiled layer under autocast(bfloat16) with fp32 leaves
+    # matches eager's, output and fp32 gradients.
+    gen = generator("cuda", "compile-autocast")
+    T, d, n, E, K = 512, 256, 128, 16, 2
+    leaves = [t.float().requires_grad_(True) for t in make_layer(T, d, n, E, "cuda", gen)]
+    grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+
+    def layer(x, router, w1, w2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return sonicmoe.moe(x, router, w1, w2, K)
+
+    for name, eager, comp in eager_and_compiled(layer, torch.compile(layer, fullgraph=True), leaves, grad):
+        assert comp.dtype == eager.dtype == (torch.bfloat16 if name == "out" else torch.float32), name
         assert rel(comp, eager) <= 1e-2, name
 
 
