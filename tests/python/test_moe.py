@@ -447,6 +447,68 @@ def test_no_grad_keeps_nothing_and_forward_captures_in_a_cuda_graph(d):
     assert torch.equal(captured, expected)  # deterministic kernels, same routing
 
 
+def training_step_leaves(routing, key):
+    """(step, leaves, grad) for a training step of the layer at n 512 (where the eager top-K
+    backward runs its tail on a second stream), backward from grad into the leaves' .grad."""
+    gen = generator("cuda", *key)
+    T, d, n, E, K = 384, 256, 512, 16, 2
+    leaves = [t.requires_grad_(True) for t in make_layer(T, d, n, E, "cuda", gen)]
+    grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
+
+    def step(layer=sonicmoe.moe):
+        for t in leaves:
+            t.grad = None
+        out = layer(*leaves, K, routing=routing, tile=64)
+        out.backward(grad)
+        return out
+
+    return step, leaves, grad
+
+
+@requires_hopper
+@pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
+def test_training_step_captures_in_a_cuda_graph(routing):
+    # DESIGN §4: no host sync in forward or backward, so a whole training step (forward, backward,
+    # the gradients; the tail's second stream included) captures in one CUDA graph. Replayed on
+    # new x, it gives eager's bits on that x.
+    step, leaves, grad = training_step_leaves(routing, ("graph-step", routing))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    new_x = torch.randn(leaves[0].shape, device="cuda", generator=generator("cuda", "new-x", routing)).bfloat16()
+    with torch.no_grad():
+        leaves[0].copy_(new_x)
+    graph.replay()
+    torch.cuda.synchronize()
+    got = [captured.detach().clone()] + [t.grad.clone() for t in leaves]
+    want_out = step()
+    want = [want_out.detach()] + [t.grad for t in leaves]
+    for name, a, b in zip(("out", "dx", "drouter", "dw1", "dw2"), got, want):
+        assert torch.isfinite(b).all() and torch.equal(a, b), name
+
+
+@requires_hopper
+@pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
+def test_activation_checkpointing_gives_the_same_gradients(routing):
+    # torch.utils.checkpoint (non-reentrant) drops what the layer saves and runs its forward again
+    # in backward: the same routing and H, so the same gradients, bit for bit.
+    step, leaves, grad = training_step_leaves(routing, ("checkpoint", routing))
+    want = [step().detach()] + [t.grad for t in leaves]
+
+    def checkpointed(*args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(sonicmoe.moe, *args, use_reentrant=False, **kwargs)
+
+    got = [step(checkpointed).detach()] + [t.grad for t in leaves]
+    for name, a, b in zip(("out", "dx", "drouter", "dw1", "dw2"), got, want):
+        assert torch.isfinite(b).all() and torch.equal(a, b), name
+
+
 # Ops that copy or gather a tensor: in the forward none may read w1 (a weight copy) or x (a
 # gathered copy of x); the kernels read both in place.
 COPYING_OPS = ("aten::copy_", "aten::clone", "aten::_to_copy", "aten::contiguous", "aten::index",
