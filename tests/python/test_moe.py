@@ -487,6 +487,7 @@ def test_training_step_captures_in_a_cuda_graph(routing):
     graph.replay()
     torch.cuda.synchronize()
     got = [captured.detach().clone()] + [t.grad.clone() for t in leaves]
+    del captured  # its graph holds the leaves' AccumulateGrad nodes of the capture stream
     want_out = step()
     want = [want_out.detach()] + [t.grad for t in leaves]
     for name, a, b in zip(("out", "dx", "drouter", "dw1", "dw2"), got, want):
