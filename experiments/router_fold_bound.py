@@ -1,0 +1,89 @@
+"""Bound on folding the router's part of dx into K6's epilogue (docs/perf-notes.md, session 41).
+
+Where the scores are a softmax over the chosen logits (topk_softmax, the anchors' mode), d_logits
+is zero off the chosen experts, so the router's part of dx, d_logits @ router_weight, could be
+added row by row in K6's epilogue (d_logits[r] * router_weight[e] on sorted row r of expert e)
+instead of the dense cuBLAS GEMM and its T x d addend, which K8 (combine_dx) reads. This probe
+times the layer with that part of dx left out (wrong dx by design; R's backward and the router
+weight's GEMM still run in the tail): what the fold could remove at most, before its own cost
+(R's backward before K6, the epilogue's extra FMA an element).
+
+Timed as the anchors' protocol, the two variants alternating in one process:
+  base        the layer as it is
+  no_router   the same backward without d_logits @ router_weight and K8's addend
+
+    python experiments/router_fold_bound.py [--rounds 5] [CONFIG ...]
+"""
+import argparse
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, "python")
+sys.path.insert(0, "benchmarks")
+import bench  # noqa: E402
+import sonicmoe  # noqa: E402
+from sonicmoe import functional  # noqa: E402
+
+BASE_BACKWARD = functional._MoELayer.backward
+
+
+def backward_without_router_dx(ctx, grad_out):
+    """_MoELayer.backward with the router's part of dx left out (a probe)."""
+    x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
+    need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
+
+    def tail(dx_rows, d_score_partial):
+        d_logits = functional.router_backward(d_score_partial, rev_idx, scores, experts, logits,
+                                              router_weight.shape[0], ctx.routing)
+        return functional.combine_dx(dx_rows, rev_idx), d_logits.t() @ x
+
+    dw1, dw2, (dx, d_router) = functional._routed_backward((need_x, need_w1, need_w2, True), grad_out, x, w1, w2,
+                                                           scores, h, offsets, gather_idx, rev_idx, tail)
+    return dx, d_router, dw1, dw2, None, None, None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("configs", nargs="*", default=["olmoe-1b-7b", "paper-30b-n512"])
+    args = ap.parse_args()
+    _, _, configs = bench.load_anchors()
+    variants = {"base": BASE_BACKWARD, "no_router": backward_without_router_dx}
+    bench.warm_up_gpu(1.0)
+    _, timer = bench.anchor_protocol_timer()
+    for name in args.configs:
+        cfg = configs[name]
+        T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
+        x, router, w1, w2 = params = bench.layer_params(T, d, n, E, data="anchor")
+        for p in params:
+            p.requires_grad_(True)
+        grad = torch.randn(T, d, device="cuda").bfloat16()
+
+        def step():
+            sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+            for p in params:
+                p.grad = None
+
+        bwd_flops = 12.0 * T * K * d * n
+        bwd = {v: [] for v in variants}
+        for r in range(args.rounds):
+            for v in bench.rotated(list(variants), r):
+                functional._MoELayer.backward = staticmethod(variants[v])
+                fwd_ms = bench.anchor_protocol_ms(lambda: sonicmoe.moe(x, router, w1, w2, K), timer)
+                fwd_bwd_ms = bench.anchor_protocol_ms(step, timer)
+                bwd[v].append(bwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9)
+                print(f"  {name} round {r} {v}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
+                      f"bwd {bwd[v][-1]:.1f} TF", flush=True)
+        functional._MoELayer.backward = staticmethod(BASE_BACKWARD)
+        base = statistics.median(bwd["base"])
+        print(f"{name}: bwd TFLOP/s (median of {args.rounds}) " +
+              " | ".join(f"{v} {statistics.median(t):.1f} ({statistics.median(t) / base:.3f})" for v, t in bwd.items()),
+              flush=True)
+        del x, router, w1, w2, params, grad
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
