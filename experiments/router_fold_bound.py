@@ -29,7 +29,7 @@ from sonicmoe import functional  # noqa: E402
 BASE_BACKWARD = functional._MoELayer.backward
 
 
-def backward_without_router_dx(ctx, grad_out):
+def backward_without_router_dx(ctx, grad_out, grad_logits=None):
     """_MoELayer.backward with the router's part of dx left out (a probe)."""
     x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
     need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
@@ -41,7 +41,7 @@ def backward_without_router_dx(ctx, grad_out):
 
     dw1, dw2, (dx, d_router) = functional._routed_backward((need_x, need_w1, need_w2, True), grad_out, x, w1, w2,
                                                            scores, h, offsets, gather_idx, rev_idx, tail)
-    return dx, d_router, dw1, dw2, None, None, None
+    return dx, d_router, dw1, dw2, None, None, None, None
 
 
 def main():

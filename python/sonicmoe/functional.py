@@ -306,10 +306,13 @@ class _MoELayer(torch.autograd.Function):
     score slots in one kernel (router_backward), where torch's ops took ~14 launches (~60 µs there).
 
     Saves what the parts did: x, the router and expert weights (the caller's), the scores and
-    expert ids, the logits for softmax_topk only, H and the int32 metadata."""
+    expert ids, the logits for softmax_topk only, H and the int32 metadata.
+
+    With return_logits the logits are a second output (for an auxiliary router loss); their
+    gradient joins R's d_logits before the router's two GEMMs."""
 
     @staticmethod
-    def forward(ctx, x, router_weight, w1, w2, top_k, routing, keep_h):
+    def forward(ctx, x, router_weight, w1, w2, top_k, routing, keep_h, return_logits):
         logits = F.linear(x, router_weight)
         scores, experts = router_topk(logits, top_k, routing)
         out, h, meta = _routed_forward(x, w1, w2, scores, experts, keep_h)
@@ -317,10 +320,10 @@ class _MoELayer(torch.autograd.Function):
             ctx.save_for_backward(x, router_weight, w1, w2, logits if routing == "softmax_topk" else None, scores,
                                   experts, h, *meta)
             ctx.routing = routing
-        return out
+        return (out, logits) if return_logits else out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_logits=None):
         x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
         need_logits = need_x or need_router
@@ -330,13 +333,15 @@ class _MoELayer(torch.autograd.Function):
                 return None, None
             d_logits = router_backward(d_score_partial, rev_idx, scores, experts, logits, router_weight.shape[0],
                                        ctx.routing)
+            if grad_logits is not None:  # the caller's loss on the returned logits, summed in fp32
+                d_logits = (d_logits.float() + grad_logits.float()).to(d_logits.dtype)
             d_router = d_logits.t() @ x if need_router else None
             dx = combine_dx(dx_rows, rev_idx, d_logits @ router_weight) if need_x else None
             return dx, d_router
 
         dw1, dw2, (dx, d_router) = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1, w2,
                                                     scores, h, offsets, gather_idx, rev_idx, tail)
-        return dx, d_router, dw1, dw2, None, None, None
+        return dx, d_router, dw1, dw2, None, None, None, None
 
 
 class _MoEDenseExperts(torch.autograd.Function):
@@ -406,13 +411,16 @@ def moe_routed(x, w1, w2, scores, experts):
     return _MoEExperts.apply(x, w1, w2, scores.float(), experts, _grad_enabled_for(x, w1, w2, scores))
 
 
-def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, rule="nearest"):
+def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, rule="nearest",
+        return_router_logits=False):
     """Full MoE layer: router, routing, expert MLPs, combine.
 
     x: (..., d); router_weight: (E, d) (logits = x @ router_weight.T, then softmax and top-K in
     fp32); routing: "topk_softmax", "softmax_topk", "softmax_topk_norm" or "token_rounding"
     (tile-aware rounding of each expert's token count to a multiple of `tile`, by `rule`
-    "nearest", "up" or "down"; DESIGN §6). Returns x's shape.
+    "nearest", "up" or "down"; DESIGN §6). Returns x's shape; with return_router_logits, also the
+    router's logits (T, E) over the flattened tokens, in x's dtype, for an auxiliary loss
+    (load balancing, z-loss) whose gradient reaches x and router_weight.
     """
     reference._check_routing(routing, dense_ok=True)
     x, router_weight, w1, w2 = _autocast_inputs(x, router_weight, w1, w2)
@@ -424,24 +432,29 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     if w2.dim() != 3 or w2.shape[:2] != (E, d):
         raise ValueError(f"w2: expected shape (E, d, n) with (E, d) = {(E, d)}, got {_shape(w2)}")
     top_k = reference._check_top_k(top_k, E)
+    def result(out, logits):
+        return (out.reshape(x.shape), logits) if return_router_logits else out.reshape(x.shape)
+
     if routing == "token_rounding":
         if not _kernel_path(x, w1, w2):
-            return reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
+            out = reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
+            return result(out, F.linear(x.reshape(-1, d), router_weight) if return_router_logits else None)
         x2 = _token_rows(x, d)
-        probs, probs_t, assigned_t = token_rounding_expert_major(F.linear(x2, router_weight), top_k, tile, rule,
-                                                                 fp32_probs=True)
+        logits = F.linear(x2, router_weight)
+        probs, probs_t, assigned_t = token_rounding_expert_major(logits, top_k, tile, rule, fp32_probs=True)
         keep_h = _grad_enabled_for(x2, w1, w2, probs)
-        return _MoEDenseExperts.apply(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h).reshape(x.shape)
+        return result(_MoEDenseExperts.apply(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h), logits)
     x2 = _token_rows(x, d)
     if on_kernels(x2) and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K:
         reference._check_expert_weights(x2, w1, w2)
         _check_one_device("x, router_weight, w1, w2", x2, router_weight, w1, w2)
         if _kernel_path(x2, w1, w2):
             keep_h = _grad_enabled_for(x2, router_weight, w1, w2)
-            return _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h).reshape(x.shape)
+            outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits)
+            return result(*outs) if return_router_logits else result(outs, None)
     logits = F.linear(x2, router_weight)
     scores, experts = scores_from_logits(logits.float(), top_k, routing)
-    return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)
+    return result(moe_routed(x2, w1, w2, scores, experts), logits)
 
 
 def router_scores_backward(logits, scores, experts, grad_scores, routing, num_experts=None):

@@ -22,16 +22,21 @@ class MoE(nn.Module):
     routing="token_rounding" is training-time routing (options tile, rule); in eval mode the
     layer routes by plain top-K of the softmax probabilities ("softmax_topk"), the scores
     token rounding keeps.
+
+    return_router_logits=True makes forward return (out, router_logits), the logits (T, E) over
+    the flattened tokens, as Hugging Face's MoE blocks do for their load-balancing loss.
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k,
-                 routing="topk_softmax", tile=128, rule="nearest", device=None, dtype=None):
+                 routing="topk_softmax", tile=128, rule="nearest", device=None, dtype=None,
+                 return_router_logits=False):
         super().__init__()
         reference._check_routing(routing, dense_ok=True)
         self.top_k = reference._check_top_k(top_k, num_experts)
         self.routing = routing
         self.tile = tile
         self.rule = rule
+        self.return_router_logits = return_router_logits
         factory = {"device": device, "dtype": dtype}
         d, n, E = hidden_size, intermediate_size, num_experts
         self.router_weight = nn.Parameter(torch.empty(E, d, **factory))
@@ -51,7 +56,7 @@ class MoE(nn.Module):
         if routing == "token_rounding" and not self.training:
             routing = "softmax_topk"
         return moe(x, self.router_weight, self.w1, self.w2, self.top_k, routing=routing,
-                   tile=self.tile, rule=self.rule)
+                   tile=self.tile, rule=self.rule, return_router_logits=self.return_router_logits)
 
     def extra_repr(self):
         E, d, n = self.w2.shape

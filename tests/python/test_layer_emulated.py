@@ -16,7 +16,7 @@ from conftest import requires_extension
 from kernel_emulation import emulated_kernels
 from sonicmoe import reference
 from sonicmoe.routing import token_rounding_expert_major
-from test_moe import eager_and_compiled, generator, make_layer, reference_top_k, rel
+from test_moe import eager_and_compiled, generator, make_layer, reference_top_k, rel, router_aux_loss
 
 pytestmark = requires_extension
 
@@ -53,6 +53,25 @@ def test_every_gradient_of_the_top_k_layer(kernels, routing):
         experts = sonicmoe.router_topk(F.linear(x, router), 2, routing)[1].long()
     ref_out, ref = reference_top_k(leaves, experts, routing, g)
     assert rel(out.detach(), ref_out.detach()) <= 1e-2
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
+
+
+@pytest.mark.parametrize("routing", TOP_K_MODES)
+def test_router_logits_loss_joins_the_layers_gradients(kernels, routing):
+    # return_router_logits on _MoELayer: the logits' own gradient (an auxiliary loss) joins R's
+    # d_logits in the Function's backward, before the router's GEMMs; the output is the layer's.
+    leaves = layer_leaves(300, 128, 64, 8, "emulated-logits", routing)
+    x, router, w1, w2 = leaves
+    out, logits = sonicmoe.moe(x, router, w1, w2, 2, routing=routing, return_router_logits=True)
+    assert made_by(out, "_MoELayer") and torch.equal(logits, F.linear(x, router))
+    assert torch.equal(out, sonicmoe.moe(x, router, w1, w2, 2, routing=routing))
+    g = torch.randn(out.shape, generator=generator("cpu", "g-logits", routing))
+    ((out.float() * g).sum() + router_aux_loss(logits)).backward()
+    with torch.no_grad():
+        experts = sonicmoe.router_topk(F.linear(x, router), 2, routing)[1].long()
+    _, ref = reference_top_k(leaves, experts, routing, g, aux=router_aux_loss)
     for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
         assert torch.isfinite(got.grad).all(), name
         assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
@@ -245,6 +264,22 @@ def test_torch_compile_fullgraph_matches_eager(kernels, routing, backend):
 
     def layer(x, router, w1, w2):
         return sonicmoe.moe(x, router, w1, w2, 2, routing=routing, **opts)
+
+    for name, eager, compiled in compiled_against_eager(layer, leaves, g, backend):
+        assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], name
+
+
+@pytest.mark.parametrize("backend", list(COMPILE_TOLERANCE))
+def test_torch_compile_fullgraph_with_router_logits(kernels, backend):
+    # _MoELayer with its second output traces too; the auxiliary loss on the logits rides on the
+    # output (added to every element), so its gradient is in every leaf's.
+    T = 128
+    leaves = layer_leaves(T, 64, 32, 8, "emulated-compile-logits")
+    g = torch.randn(T, 64, generator=generator("cpu", "g-compile-logits")).bfloat16()
+
+    def layer(x, router, w1, w2):
+        out, logits = sonicmoe.moe(x, router, w1, w2, 2, return_router_logits=True)
+        return out + (router_aux_loss(logits) / T).to(out.dtype)
 
     for name, eager, compiled in compiled_against_eager(layer, leaves, g, backend):
         assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], name

@@ -57,9 +57,10 @@ def eager_and_compiled(fn, compiled, leaves, grad, call=lambda f, leaves: f(*lea
     return zip(("out", "dx", "drouter", "dw1", "dw2"), *results)
 
 
-def reference_top_k(leaves, experts, routing, g):
+def reference_top_k(leaves, experts, routing, g, aux=None):
     """float64 autograd of the reference layer on leaves (x, router, w1, w2) with the given routing
-    decisions (T, K), backward from g: its output and its leaves, which hold the gradients."""
+    decisions (T, K), backward from g (plus aux(logits), an auxiliary router loss, where given):
+    its output and its leaves, which hold the gradients."""
     ref = [t.detach().double().requires_grad_(True) for t in leaves]
     x, router, w1, w2 = ref
     logits = x @ router.t()
@@ -68,8 +69,17 @@ def reference_top_k(leaves, experts, routing, g):
     else:  # topk_softmax and softmax_topk_norm: the softmax over the chosen logits
         scores = logits.gather(1, experts).softmax(-1)
     out = reference.moe_routed(x, w1, w2, scores, experts)
-    out.backward(g.double())
+    loss = (out * g.double()).sum() + (aux(logits) if aux is not None else 0)
+    loss.backward()
     return out, ref
+
+
+def router_aux_loss(logits):
+    """A load-balancing-like term and a z-loss on the router's logits, as MoE trainers add them,
+    summed over the tokens (so that their gradient weighs as much as the output's in a test)."""
+    probs = logits.float().softmax(-1)
+    cost = torch.linspace(-4.0, 4.0, logits.shape[-1], dtype=probs.dtype, device=probs.device)
+    return (probs * cost).sum() + torch.logsumexp(logits.float(), -1).square().sum()
 
 
 def fp32_reference_forward(x, w1, w2, scores, experts):
@@ -127,6 +137,27 @@ def test_validation_errors(call, exc, match):
     x, router, w1, w2 = make_layer(9, 32, 16, 4, "cpu", generator("cpu", "val"), torch.float32)
     with pytest.raises(exc, match=match):
         call(x, router, w1, w2)
+
+
+@pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk", "token_rounding"])
+def test_router_logits_are_returned_and_their_loss_reaches_x_and_the_router(routing):
+    # The CPU reference path: the logits returned are x @ router_weight.T over the flattened
+    # tokens, and an auxiliary loss on them adds its gradient to x and router_weight.
+    gen = generator("cpu", "logits", routing)
+    leaves = [t.requires_grad_(True) for t in make_layer(9, 32, 16, 4, "cpu", gen, torch.float64)]
+    x, router, w1, w2 = leaves
+    out, logits = sonicmoe.moe(x.view(3, 3, 32), router, w1, w2, 2, routing=routing, tile=4,
+                               return_router_logits=True)
+    assert out.shape == (3, 3, 32) and torch.equal(logits, torch.nn.functional.linear(x, router))
+    (out.sum() + router_aux_loss(logits)).backward()
+    plain = [t.detach().clone().requires_grad_(True) for t in leaves]
+    (sonicmoe.moe(*plain, 2, routing=routing, tile=4).sum()
+     + router_aux_loss(torch.nn.functional.linear(plain[0], plain[1]))).backward()
+    for name, got, want in zip(("x", "router", "w1", "w2"), leaves, plain):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    layer = sonicmoe.MoE(32, 16, 4, 2, dtype=torch.float64, return_router_logits=True)
+    out, logits = layer(x.detach())
+    assert out.shape == (9, 32) and logits.shape == (9, 4)
 
 
 def test_autocast_casts_at_the_entry_as_nn_linear_does():
@@ -268,22 +299,26 @@ def test_router_weight_receives_gradient():
 
 @requires_hopper
 @pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk", "softmax_topk_norm"])
-def test_every_gradient_of_the_layer(routing):
+@pytest.mark.parametrize("aux", [False, True])
+def test_every_gradient_of_the_layer(routing, aux):
     # dx is the experts' part (K8) plus the router's (added inside the router's GEMM by
     # _MoELayer); both against float64 autograd of the reference with the layer's own routing
-    # decisions (R's kernel on the same bf16 logits).
-    gen = generator("cuda", "layer-grads", routing)
+    # decisions (R's kernel on the same bf16 logits). aux: the layer also returns its logits and
+    # an auxiliary loss on them joins R's d_logits inside the layer's backward.
+    gen = generator("cuda", "layer-grads", routing, aux)
     leaves = [t.requires_grad_(True) for t in make_layer(300, 128, 64, 8, "cuda", gen)]
     x, router, w1, w2 = leaves
-    out = sonicmoe.moe(x, router, w1, w2, 2, routing=routing)
+    out = sonicmoe.moe(x, router, w1, w2, 2, routing=routing, return_router_logits=aux)
+    if aux:
+        out, logits = out
+        assert torch.equal(logits, torch.nn.functional.linear(x, router))
     g = torch.randn(out.shape, device="cuda", generator=gen)
-    out.backward(g.to(out.dtype))
+    ((out.float() * g).sum() + (router_aux_loss(logits) if aux else 0)).backward()
     with torch.no_grad():
         experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), 2, routing)[1].long()
-    _, ref_leaves = reference_top_k(leaves, experts, routing, g)
+    _, ref_leaves = reference_top_k(leaves, experts, routing, g, aux=router_aux_loss if aux else None)
     for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref_leaves):
         assert rel(got.grad, want.grad) <= 2e-2, name
-
 
 def test_tail_runs_beside_the_weight_gradients_only_in_eager_cuda_top_k_at_n_512_to_1024():
     beside = sonicmoe.functional._tail_beside_weight_grads
