@@ -432,6 +432,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     if w2.dim() != 3 or w2.shape[:2] != (E, d):
         raise ValueError(f"w2: expected shape (E, d, n) with (E, d) = {(E, d)}, got {_shape(w2)}")
     top_k = reference._check_top_k(top_k, E)
+
     def result(out, logits):
         return (out.reshape(x.shape), logits) if return_router_logits else out.reshape(x.shape)
 
