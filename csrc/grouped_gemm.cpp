@@ -25,6 +25,14 @@ std::string check_grouped_gemm_pointers(const GroupedGemmParams& p) {
     return "grouped_gemm: a, b, out, expert_offsets and workspace must be non-null";
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out))
     return "grouped_gemm: a, b and out must be 16-byte aligned (TMA)";
+  if (p.b_layout != WeightLayout::kKN && (p.addend_scale != nullptr || p.addend_rows != nullptr))
+    return "grouped_gemm: addend_scale / addend_rows run with b_layout KN (K6) only";
+  if ((p.addend_scale == nullptr) != (p.addend_rows == nullptr))
+    return "grouped_gemm: addend_scale and addend_rows come together (both or neither)";
+  if (p.addend_rows != nullptr && !aligned16(p.addend_rows))
+    return "grouped_gemm: addend_rows must be 16-byte aligned (16-byte copies)";
+  if (p.addend_scale != nullptr && reinterpret_cast<uintptr_t>(p.addend_scale) % 4 != 0)
+    return "grouped_gemm: addend_scale must be 4-byte aligned";
   return {};
 }
 
@@ -96,15 +104,25 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
                                       ? sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out, params.k,
                                                                             params.num_experts)
                                       : params.config;
+    // Each varlen configuration's K6, without and with the addend (RowAddendStoreEpilogue).
+    using Run = Status (*)(const GroupedGemmParams&);
+    Run plain = sm90::run_varlen_grouped_gemm_kn, addend = sm90::run_varlen_grouped_gemm_kn_addend;  // ping-pong
     switch (config) {
       case GemmTileConfig::kVarlenCooperative128x256x64:
-        return sm90::run_varlen_grouped_gemm_kn_cooperative_128x256(params);
+        plain = sm90::run_varlen_grouped_gemm_kn_cooperative_128x256;
+        addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_128x256;
+        break;
       case GemmTileConfig::kVarlenCooperative256x128x64:
-        return sm90::run_varlen_grouped_gemm_kn_cooperative_256x128(params);
+        plain = sm90::run_varlen_grouped_gemm_kn_cooperative_256x128;
+        addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_256x128;
+        break;
       case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
-        return sm90::run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1(params);
-      default: return sm90::run_varlen_grouped_gemm_kn(params);  // kVarlenPingpong128x128x64
+        plain = sm90::run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1;
+        addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_128x256_c2x1;
+        break;
+      default: break;  // kVarlenPingpong128x128x64
     }
+    return (params.addend_rows != nullptr ? addend : plain)(params);
   }
   // Token rounding's buffers (partial_rows) run on the varlen kernels only (check_grouped_gemm);
   // auto keeps them on ping-pong.

@@ -78,6 +78,11 @@ struct GroupedGemmParams {
   // device, e.g. token rounding into an upper-bound buffer); rows past it are not written.
   // Varlen kernel only (kAuto picks it).
   bool partial_rows = false;
+  // kKN only (K6), both or neither: out[r] += addend_scale[r] * addend_rows[e] for the rows r of
+  // expert e, added to the fp32 accumulators before the one bf16 rounding (the router's part of
+  // dx where d_logits is zero off the chosen experts: d_logits[t, e] * router_weight[e]).
+  const float* addend_scale = nullptr;  // (m_total) fp32
+  const void* addend_rows = nullptr;    // (num_experts, n_out) bf16, 16-byte aligned
   cudaStream_t stream = nullptr;
 };
 
@@ -308,6 +313,9 @@ struct RouterBackwardParams {
   int64_t num_rows = 0;
   int mode = 0;                            // a RouterMode
   void* d_logits = nullptr;                // (num_tokens, num_experts) bf16 out
+  // (num_rows) fp32 out, or nullptr: d_logit_rows[rev_idx[t, k]] = d_logits[t, experts[t, k]] before
+  // its bf16 rounding, for the modes whose d_logits is zero off the chosen experts (not softmax_topk).
+  float* d_logit_rows = nullptr;
   cudaStream_t stream = nullptr;
 };
 std::string check_router_backward(const RouterBackwardParams& params);

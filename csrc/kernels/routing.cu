@@ -315,7 +315,8 @@ __global__ void __launch_bounds__(kTopkWarpsPerBlock * 32)
 router_backward_kernel(const float* __restrict__ d_score_partial, int slots, const int32_t* __restrict__ rev_idx,
                        const float* __restrict__ scores, const int32_t* __restrict__ experts,
                        const Logit* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
-                       int64_t num_rows, int mode, __nv_bfloat16* __restrict__ d_logits) {
+                       int64_t num_rows, int mode, __nv_bfloat16* __restrict__ d_logits,
+                       float* __restrict__ d_logit_rows) {
   using Key = TopkKey<Logit>;
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kTopkWarpsPerBlock + threadIdx.x / 32;
@@ -338,6 +339,10 @@ router_backward_kernel(const float* __restrict__ d_score_partial, int slots, con
   float w_sum = my_w;
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) w_sum += __shfl_xor_sync(0xffffffffu, w_sum, offset);
+  // The modes over the K chosen: expert e_k gets w_k - s_k W (the same expression at its sorted
+  // row, where asked: the host refuses rows for softmax_topk).
+  const auto over_chosen = [w_sum](float w, float s) { return w - s * w_sum; };
+  if (d_logit_rows != nullptr && lane < top_k) d_logit_rows[rev_idx[t * top_k + lane]] = over_chosen(my_w, my_s);
 
   const bool over_all = mode == static_cast<int>(RouterMode::kSoftmaxTopk);
   const Logit* row = over_all ? logits + t * num_experts : nullptr;
@@ -360,7 +365,7 @@ router_backward_kernel(const float* __restrict__ d_score_partial, int slots, con
     for (int k = 0; k < top_k; ++k) {
       const int expert = __shfl_sync(0xffffffffu, my_expert, k);
       const float w = __shfl_sync(0xffffffffu, my_w, k), s = __shfl_sync(0xffffffffu, my_s, k);
-      if (e == expert) g = over_all ? w + g : w - s * w_sum;
+      if (e == expert) g = over_all ? w + g : over_chosen(w, s);
     }
     if (e < num_experts) out[e] = __float2bfloat16_rn(g);
   }
@@ -466,6 +471,9 @@ std::string check_router_backward(const RouterBackwardParams& p) {
   if (p.slots < 1) return rule_message("router_backward", "slots", p.slots, "must be >= 1 (K4's score slots)");
   if (p.num_rows < 0 || p.num_rows > INT32_MAX)
     return rule_message("router_backward", "num_rows", p.num_rows, "must be in [0, 2^31 - 1] (int32 rev_idx)");
+  if (p.d_logit_rows != nullptr && p.mode == static_cast<int>(RouterMode::kSoftmaxTopk))
+    return rule_message("router_backward", "mode", p.mode,
+                        "has d_logits at every expert (softmax_topk): no per-row d_logit_rows, use modes 0 or 2");
   return {};
 }
 
@@ -483,7 +491,7 @@ Status run_router_backward(const RouterBackwardParams& p) {
     using Logit = std::remove_cv_t<std::remove_pointer_t<decltype(logits)>>;
     router_backward_kernel<Logit><<<blocks, kTopkWarpsPerBlock * 32, 0, p.stream>>>(
         p.d_score_partial, p.slots, p.rev_idx, p.scores, p.experts, logits, p.num_tokens, p.num_experts, p.top_k,
-        p.num_rows, p.mode, static_cast<__nv_bfloat16*>(p.d_logits));
+        p.num_rows, p.mode, static_cast<__nv_bfloat16*>(p.d_logits), p.d_logit_rows);
   };
   if (p.logits_bf16) launch(static_cast<const __nv_bfloat16*>(p.logits));
   else launch(static_cast<const float*>(p.logits));

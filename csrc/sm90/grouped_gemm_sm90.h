@@ -30,6 +30,11 @@ Status run_varlen_grouped_gemm_kn(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1(const GroupedGemmParams& params);
+// The same adding addend_scale[r] * addend_rows[e] to each row (RowAddendStoreEpilogue).
+Status run_varlen_grouped_gemm_kn_addend(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_addend_cooperative_128x256(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_addend_cooperative_256x128(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_addend_cooperative_128x256_c2x1(const GroupedGemmParams& params);
 
 // K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed, one per varlen
 // configuration (a 256-column tile writes two 128-column score slots).

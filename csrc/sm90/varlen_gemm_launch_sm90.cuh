@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "common/once_per_device.h"
@@ -193,14 +194,16 @@ using VarlenMainloopFor =
                    gemm_tile_shape(kConfig).cluster_m>;
 
 // out = a @ W on the varlen kernel: contiguous A by TMA, masked row stores. K2 reads the
-// weights K-major, b (E, n_out, k); K6 N-major, b (E, k, n_out). Each unit instantiates it for
-// one varlen configuration.
-template <bool kKMajorB, GemmTileConfig kConfig = GemmTileConfig::kVarlenPingpong128x128x64>
+// weights K-major, b (E, n_out, k); K6 N-major, b (E, k, n_out), with kRowAddend adding
+// addend_scale[r] * addend_rows[e] (RowAddendStoreEpilogue). Each unit instantiates it for one
+// varlen configuration.
+template <bool kKMajorB, GemmTileConfig kConfig = GemmTileConfig::kVarlenPingpong128x128x64, bool kRowAddend = false>
 Status run_varlen_store_gemm(const GroupedGemmParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/false, kKMajorB>;
   // Quad-transposed stores: K2 and K6 0-12% faster than staged on every tile and config timed
   // (docs/perf-notes.md, session 10).
-  using Epilogue = StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kQuadTranspose>;
+  using Epilogue = std::conditional_t<kRowAddend, RowAddendStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>,
+                                      StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kQuadTranspose>>;
   using Kernel = VarlenGemmKernel<Mainloop, Epilogue>;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_rows_tensor_map<Mainloop>(&params.mainloop.tma_a, p.a, p.m_total, p.k));
@@ -208,6 +211,11 @@ Status run_varlen_store_gemm(const GroupedGemmParams& p) {
   params.mainloop.k = static_cast<int>(p.k);
   params.epilogue.out = static_cast<cutlass::bfloat16_t*>(p.out);
   params.epilogue.n_out = static_cast<int>(p.n_out);
+  if constexpr (kRowAddend) {
+    params.epilogue.addend_scale = p.addend_scale;
+    params.epilogue.addend_rows = static_cast<const cutlass::bfloat16_t*>(p.addend_rows);
+    params.epilogue.m_total = static_cast<int>(p.m_total);
+  }
   return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
                                     p.stream, p.partial_rows);
 }

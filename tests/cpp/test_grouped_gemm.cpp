@@ -73,6 +73,23 @@ TEST(GroupedGemmHost, run_rejects_null_and_misaligned_pointers_before_any_launch
   EXPECT_NE(sonicmoe::run_grouped_gemm(p).message.find("16-byte aligned"), std::string::npos);
 }
 
+TEST(GroupedGemmHost, run_rejects_a_bad_addend_before_any_launch) {
+  GroupedGemmParams p = valid_shape();
+  alignas(16) static char buf[64];
+  p.a = p.b = p.out = p.workspace = buf;
+  p.expert_offsets = reinterpret_cast<const int32_t*>(buf);
+  p.addend_scale = reinterpret_cast<const float*>(buf);
+  auto message = [&p] { return sonicmoe::run_grouped_gemm(p).message; };
+  EXPECT_NE(message().find("addend_scale / addend_rows run with b_layout KN (K6) only"), std::string::npos);
+  p.b_layout = sonicmoe::WeightLayout::kKN;
+  EXPECT_NE(message().find("addend_scale and addend_rows come together (both or neither)"), std::string::npos);
+  p.addend_rows = buf + 2;
+  EXPECT_NE(message().find("addend_rows must be 16-byte aligned"), std::string::npos);
+  p.addend_rows = buf;
+  p.addend_scale = reinterpret_cast<const float*>(buf + 2);
+  EXPECT_NE(message().find("addend_scale must be 4-byte aligned"), std::string::npos);
+}
+
 TEST(GroupedGemmHost, empty_problem_launches_nothing) {
   GroupedGemmParams p = valid_shape();
   p.m_total = 0;  // no pointers needed: nothing is read or written

@@ -1,6 +1,6 @@
 // Pieces shared by the sm90 varlen mainloops (varlen_mainloop_sm90.cuh: varlen M; and
 // varlen_k_mainloop_sm90.cuh: varlen K): the consumer warpgroup's WGMMA loop over the stage
-// ring, and the 16-byte cp.async the gathering producers use.
+// ring, and the cp.async copies the gathering producers (and K6's addend epilogue) use.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +50,14 @@ __device__ inline void cp_async_16_zfill(uint32_t dst, const void* gmem_src, boo
 }
 __device__ inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
   cp_async_16_zfill(cute::cast_smem_ptr_to_uint(smem_dst), gmem_src, valid);
+}
+
+// The same for 4 bytes (through L1: .cg takes 16-byte copies only).
+__device__ inline void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(cute::cast_smem_ptr_to_uint(smem_dst)),
+               "l"(gmem_src), "r"(src_bytes)
+               : "memory");
 }
 
 // One consumer warp's release of a stage: an arrival on its empty barrier in every CTA of the

@@ -22,6 +22,7 @@
 #include "cutlass/bfloat16.h"
 
 #include "common/h_column_order.h"
+#include "sm90/collective/wgmma_consumer_sm90.cuh"
 #include "sm90/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
@@ -228,15 +229,16 @@ struct StoreEpilogue {
                                const Coords& coords, const VarlenTile& t, int thread_idx,
                                int barrier_id) {
     if constexpr (kStore == TileStore::kQuadTranspose)
-      store_quad_transposed(p, accum, coords, t);
+      store_quad_transposed(p, accum, coords, t, [](int, int, int, float&, float&) {});
     else
       store_staged(p, smem, accum, coords, t, thread_idx, barrier_id);
   }
 
- private:
-  template <class Accumulator, class Coords>
+  // adjust(h, v1, g, lo, hi): a last change to the two fp32 values of column group g that this
+  // lane rounds into one bf16 pair (RowAddendStoreEpilogue adds the addend there).
+  template <class Accumulator, class Coords, class Adjust>
   static __device__ void store_quad_transposed(const Params& p, const Accumulator& accum, const Coords& coords,
-                                               const VarlenTile& t) {
+                                               const VarlenTile& t, Adjust adjust) {
     using namespace cute;
     const int col0 = t.n_block * kTileN;
     constexpr int kGroups = decltype(size<0, 2>(accum))::value;  // 8-column groups
@@ -251,9 +253,12 @@ struct StoreEpilogue {
         for (int q0 = 0; q0 < kGroups; q0 += 4) {
           uint32_t out4[4];
           CUTLASS_PRAGMA_UNROLL
-          for (int b = 0; b < 4; ++b)
-            out4[b] = pack_bf16x2(accum(make_coord(make_coord(0, v1, q0 + b), h, 0)),
-                                  accum(make_coord(make_coord(1, v1, q0 + b), h, 0)));
+          for (int b = 0; b < 4; ++b) {
+            float lo = accum(make_coord(make_coord(0, v1, q0 + b), h, 0));
+            float hi = accum(make_coord(make_coord(1, v1, q0 + b), h, 0));
+            adjust(h, v1, q0 + b, lo, hi);
+            out4[b] = pack_bf16x2(lo, hi);
+          }
           quad_transpose(out4);
           const int col = col0 + quad_chunk_col(coords, v1, q0, h);
           if (r < t.rows && col < p.n_out) store_16B(out_row + col, out4);
@@ -262,6 +267,7 @@ struct StoreEpilogue {
     }
   }
 
+ private:
   template <class Accumulator, class Coords>
   static __device__ void store_staged(const Params& p, Element* smem, const Accumulator& accum,
                                       const Coords& coords, const VarlenTile& t, int thread_idx,
@@ -284,6 +290,90 @@ struct StoreEpilogue {
         });
       });
     }
+  }
+};
+
+// K6 with a rank-one addend per expert: out[r] = a[r] @ b[e] + addend_scale[r] * addend_rows[e],
+// summed in fp32 before the one bf16 rounding. The router's part of dx, d_logits @ router_weight,
+// is this where d_logits is zero off each token's chosen experts (topk_softmax, softmax_topk_norm):
+// row r of expert e adds d_logits[t, e] * router_weight[e], which removes the dense GEMM and its
+// T x d addend that K8 would read. As the warpgroup starts a tile's mainloop it asks by cp.async
+// for its rows' scales (4 bytes a row: expert ranges start anywhere) and the tile's columns of
+// addend_rows[e] (16-byte chunks), so the epilogue finds them in shared memory.
+template <int kTileM, int kTileN>
+struct RowAddendStoreEpilogue {
+  using Base = StoreEpilogue<kTileM, kTileN, TileStore::kQuadTranspose>;
+  using Tile = typename Base::Tile;
+  using Element = typename Base::Element;
+  static constexpr int kBoxRowsB = Base::kBoxRowsB;
+  static constexpr int kMaxRows = 128;  // a warpgroup's rows: 64 (cooperative 128 x 256) or 128
+
+  struct alignas(16) SmemTile {
+    Element rows[kTileN];    // the tile's columns of addend_rows[e]
+    float scale[kMaxRows];   // addend_scale of the warpgroup's rows, from its first
+  };
+
+  struct Params : Base::Params {
+    const float* addend_scale = nullptr;  // (m_total)
+    const Element* addend_rows = nullptr;  // (num_experts, n_out)
+    int m_total = 0;
+  };
+
+  static __host__ __device__ int n_blocks(const Params& p) { return Base::n_blocks(p); }
+  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params& p, const VarlenTile& t) {
+    return Base::b_rows(p, t);
+  }
+
+  // Nothing to set up (cp.async needs no barrier); its presence makes the kernel call load_source.
+  static __device__ void init_source(const Params&, SmemTile (&)[2]) {}
+
+  template <class Coords>
+  static __device__ void load_source(const Params& p, SmemTile& s, const VarlenTile& t, const Coords& coords,
+                                     int thread_idx) {
+    constexpr int kRows = Tile::kHalfRows * decltype(cute::size<1>(coords))::value;
+    static_assert(kRows <= kMaxRows && kTileN / 8 <= 128, "one copy a thread");
+    if (thread_idx < kRows) {
+      const int row = t.row_start + Tile::half_row(coords, 0) + thread_idx;
+      const bool ok = row < p.m_total;
+      cp_async_4_zfill(&s.scale[thread_idx], ok ? p.addend_scale + row : p.addend_scale, ok);
+    }
+    if (thread_idx < kTileN / 8) {
+      const int col = t.n_block * kTileN + 8 * thread_idx;
+      const bool ok = col < p.n_out;
+      const Element* src = p.addend_rows + int64_t(t.expert) * p.n_out + (ok ? col : 0);
+      cp_async_16_zfill(&s.rows[8 * thread_idx], src, ok);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+
+  template <class Accumulator, class Coords>
+  static __device__ void store(const Params& p, SmemTile& s, const Accumulator& accum, const Coords& coords,
+                               const VarlenTile& t, int /*thread_idx*/, int barrier_id) {
+    using namespace cute;
+    constexpr int kHalves = decltype(size<1>(accum))::value;
+    constexpr int kGroups = decltype(size<0, 2>(accum))::value;
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    Tile::sync(barrier_id);  // every thread's copies have landed
+    // This lane's column pair of each group is the same in every row it holds: one bf16 pair.
+    uint32_t rows[kGroups];
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kGroups; ++g)
+      rows[g] = *reinterpret_cast<const uint32_t*>(&s.rows[get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)))]);
+    const int row0 = Tile::half_row(coords, 0);
+    float scale[kHalves][2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < kHalves; ++h) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int r = get<0>(coords(make_coord(make_coord(0, v1, 0), h, 0)));
+        scale[h][v1] = s.scale[r - row0];
+      }
+    }
+    Tile::sync(barrier_id);  // every read is done before the next tile's copies
+    Base::store_quad_transposed(p, accum, coords, t, [&](int h, int v1, int g, float& lo, float& hi) {
+      lo = fmaf(scale[h][v1], __uint_as_float(rows[g] << 16), lo);
+      hi = fmaf(scale[h][v1], __uint_as_float(rows[g] & 0xffff0000u), hi);
+    });
   }
 };
 
@@ -327,15 +417,16 @@ struct SwiGLUEpilogue {
                                int barrier_id) {
     static_assert(decltype(cute::size<0, 2>(accum))::value == kTileN / 8, "accumulator layout");
     if constexpr (kStore == TileStore::kQuadTranspose)
-      store_quad_transposed(p, accum, coords, t);
+      store_quad_transposed(p, accum, coords, t, [](int, int, int, float&, float&) {});
     else
       store_staged(p, smem, accum, coords, t, thread_idx, barrier_id);
   }
 
- private:
-  template <class Accumulator, class Coords>
+  // adjust(h, v1, g, lo, hi): a last change to the two fp32 values of column group g that this
+  // lane rounds into one bf16 pair (RowAddendStoreEpilogue adds the addend there).
+  template <class Accumulator, class Coords, class Adjust>
   static __device__ void store_quad_transposed(const Params& p, const Accumulator& accum, const Coords& coords,
-                                               const VarlenTile& t) {
+                                               const VarlenTile& t, Adjust adjust) {
     using namespace cute;
     constexpr int kGroups = kTileN / 16;  // gate column groups (8 columns each)
     static_assert(kGroups % 4 == 0, "whole quads of column groups");
@@ -376,6 +467,7 @@ struct SwiGLUEpilogue {
     }
   }
 
+ private:
   template <class Accumulator, class Coords>
   static __device__ void store_staged(const Params& p, Element* smem, const Accumulator& accum,
                                       const Coords& coords, const VarlenTile& t, int thread_idx,
