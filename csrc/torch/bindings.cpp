@@ -26,9 +26,10 @@ TORCH_LIBRARY(sonicmoe, m) {
   m.def("rounding_probs(Tensor logits, int top_k, bool write_probs) -> (Tensor, Tensor, Tensor)");
   // R: sorted-layout metadata (expert_offsets, gather_idx, rev_idx) of (T, K) expert ids.
   m.def("routing_metadata(Tensor experts, int num_experts) -> (Tensor, Tensor, Tensor)");
-  // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel.
+  // K6: out[r] = a[r] @ b[e] with b (E, k, n_out) (dX~ = dH @ w1), on the varlen kernel; with the
+  // addend, + addend_scale[r] * addend_rows[e] (the router's part of dx folded in).
   m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows=False, "
-        "int tile_config=0) -> Tensor");
+        "int tile_config=0, Tensor? addend_scale=None, Tensor? addend_rows=None) -> Tensor");
   // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
   m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
         "Tensor gather_idx, bool partial_rows=False, int tile_config=0) -> (Tensor, Tensor, Tensor)");
@@ -48,6 +49,10 @@ TORCH_LIBRARY(sonicmoe, m) {
   // R's backward: d_logits (T, E) bf16 from K4's score slots (logits: softmax_topk's only).
   m.def("router_backward(Tensor d_score_partial, Tensor rev_idx, Tensor scores, Tensor experts, Tensor? logits, "
         "int num_experts, int mode) -> Tensor");
+  // The same for modes 0 and 2 (d_logits zero off the chosen experts), with d_logits at each (t, k)'s
+  // sorted row too, fp32 (K6's addend_scale).
+  m.def("router_backward_rows(Tensor d_score_partial, Tensor rev_idx, Tensor scores, Tensor experts, "
+        "int num_experts, int mode) -> (Tensor, Tensor)");
   // K8: dx[t] = addend[t] + sum_k dx_rows[rev_idx[t,k]] (addend: the router's part of dx, optional).
   m.def("combine_dx(Tensor dx_rows, Tensor rev_idx, Tensor? addend=None) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.
@@ -69,6 +74,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cuda);
   m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cuda);
   m.impl("router_backward", &sonicmoe::torch_ops::router_backward_cuda);
+  m.impl("router_backward_rows", &sonicmoe::torch_ops::router_backward_rows_cuda);
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
@@ -86,4 +92,5 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cpu);
   m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cpu);
   m.impl("router_backward", &sonicmoe::torch_ops::router_backward_cpu);
+  m.impl("router_backward_rows", &sonicmoe::torch_ops::router_backward_rows_cpu);
 }

@@ -62,10 +62,37 @@ void check_grouped_gemm_args(const at::Tensor& a, const at::Tensor& b,
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
+// grouped_gemm_kn's addend (out[r] += addend_scale[r] * addend_rows[e]): both or neither,
+// addend_scale (m_total) fp32, addend_rows (E, n_out) bf16.
+void check_addend_args(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& addend_scale,
+                       const std::optional<at::Tensor>& addend_rows) {
+  constexpr const char* kOpKn = "grouped_gemm_kn";
+  check_arg(addend_scale.has_value() == addend_rows.has_value(), kOpKn, "addend_scale",
+            addend_scale.has_value() ? "a tensor" : "None", "comes with addend_rows: both or neither");
+  if (!addend_scale.has_value()) return;
+  check_dtype(kOpKn, *addend_scale, "addend_scale", at::kFloat);
+  check_dtype(kOpKn, *addend_rows, "addend_rows", at::kBFloat16);
+  check_dim(kOpKn, *addend_scale, "addend_scale", 1, "(m_total)");
+  check_dim(kOpKn, *addend_rows, "addend_rows", 2, "(num_experts, n_out)");
+  check_arg(addend_scale->size(0) == a.size(0), kOpKn, "addend_scale.shape", list_text(addend_scale->sizes()),
+            "must be (m_total,) = (" + std::to_string(a.size(0)) + ",)");
+  check_arg(addend_rows->size(0) == b.size(0) && addend_rows->size(1) == b.size(2), kOpKn, "addend_rows.shape",
+            list_text(addend_rows->sizes()),
+            "must be (num_experts, n_out) = (" + std::to_string(b.size(0)) + ", " + std::to_string(b.size(2)) + ")");
+  check_contiguous(kOpKn, *addend_scale, "addend_scale");
+  check_contiguous(kOpKn, *addend_rows, "addend_rows");
+  check_aligned16(kOpKn, *addend_rows, "addend_rows");
+}
+
 at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                       int64_t tile_config, WeightLayout layout, bool partial_rows) {
+                       int64_t tile_config, WeightLayout layout, bool partial_rows,
+                       const std::optional<at::Tensor>& addend_scale = std::nullopt,
+                       const std::optional<at::Tensor>& addend_rows = std::nullopt) {
   check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
+  check_addend_args(a, b, addend_scale, addend_rows);
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
+  if (addend_scale.has_value())
+    check_same_cuda_device(kOp, {{&a, "a"}, {&*addend_scale, "addend_scale"}, {&*addend_rows, "addend_rows"}});
   const c10::cuda::CUDAGuard guard(a.device());
   GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
   at::Tensor out = at::empty({a.size(0), p.n_out}, a.options());
@@ -75,6 +102,10 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   p.b = b.data_ptr();
   p.out = out.data_ptr();
   p.expert_offsets = expert_offsets.data_ptr<int32_t>();
+  if (addend_scale.has_value()) {
+    p.addend_scale = addend_scale->data_ptr<float>();
+    p.addend_rows = addend_rows->data_ptr();
+  }
   p.sm_count = hopper_sm_count(kOp, a);
   p.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   p.workspace_bytes = grouped_gemm_workspace_size(p.num_experts, p.sm_count);
@@ -107,13 +138,16 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
   return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kNK, partial_rows);
 }
 
-at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b,
-                                const at::Tensor& expert_offsets, bool partial_rows, int64_t tile_config) {
-  return run_on_cuda(a, b, expert_offsets, tile_config, WeightLayout::kKN, partial_rows);
+at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                                bool partial_rows, int64_t tile_config, const std::optional<at::Tensor>& addend_scale,
+                                const std::optional<at::Tensor>& addend_rows) {
+  return run_on_cuda(a, b, expert_offsets, tile_config, WeightLayout::kKN, partial_rows, addend_scale, addend_rows);
 }
 
-at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b,
-                               const at::Tensor& expert_offsets, bool partial_rows, int64_t tile_config) {
+at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                               bool partial_rows, int64_t tile_config, const std::optional<at::Tensor>& addend_scale,
+                               const std::optional<at::Tensor>& addend_rows) {
+  check_addend_args(a, b, addend_scale, addend_rows);
   return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kKN, partial_rows);
 }
 

@@ -15,12 +15,14 @@ at::Tensor grouped_gemm_cuda(const at::Tensor& a, const at::Tensor& b,
 at::Tensor grouped_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& expert_offsets, int64_t tile_config, bool partial_rows);
 
-// grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows, int tile_config)
-//   -> Tensor; b (E, k, n_out)
+// grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows, int tile_config,
+//                 Tensor? addend_scale, Tensor? addend_rows) -> Tensor; b (E, k, n_out)
 at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                                bool partial_rows, int64_t tile_config);
+                                bool partial_rows, int64_t tile_config, const std::optional<at::Tensor>& addend_scale,
+                                const std::optional<at::Tensor>& addend_rows);
 at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                               bool partial_rows, int64_t tile_config);
+                               bool partial_rows, int64_t tile_config, const std::optional<at::Tensor>& addend_scale,
+                               const std::optional<at::Tensor>& addend_rows);
 
 // down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows, tile_config)
 //   -> (d_h, a_scaled, d_score_partial)
@@ -85,6 +87,17 @@ at::Tensor router_backward_cuda(const at::Tensor& d_score_partial, const at::Ten
 at::Tensor router_backward_cpu(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
                                const at::Tensor& experts, const std::optional<at::Tensor>& logits,
                                int64_t num_experts, int64_t mode);
+
+// router_backward_rows(Tensor d_score_partial, Tensor rev_idx, Tensor scores, Tensor experts, int num_experts,
+//                      int mode) -> (d_logits (T, E) bf16, d_logit_rows (rows) fp32); modes 0 and 2
+std::tuple<at::Tensor, at::Tensor> router_backward_rows_cuda(const at::Tensor& d_score_partial,
+                                                             const at::Tensor& rev_idx, const at::Tensor& scores,
+                                                             const at::Tensor& experts, int64_t num_experts,
+                                                             int64_t mode);
+std::tuple<at::Tensor, at::Tensor> router_backward_rows_cpu(const at::Tensor& d_score_partial,
+                                                            const at::Tensor& rev_idx, const at::Tensor& scores,
+                                                            const at::Tensor& experts, int64_t num_experts,
+                                                            int64_t mode);
 
 // rounding_probs(Tensor logits, int top_k, bool write_probs) -> (probs, probs_t, chosen_t)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Tensor& logits, int64_t top_k,

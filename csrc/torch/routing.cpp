@@ -111,15 +111,24 @@ RouterBackwardParams router_backward_args(const at::Tensor& d_score_partial, con
 
 }  // namespace
 
-at::Tensor router_backward_cuda(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
-                                const at::Tensor& experts, const std::optional<at::Tensor>& logits,
-                                int64_t num_experts, int64_t mode) {
+namespace {
+
+// router_backward and router_backward_rows: d_logits (T, E) bf16 and, where d_logit_rows is given,
+// d_logits at each (t, k)'s sorted row (fp32).
+at::Tensor launch_router_backward(const at::Tensor& d_score_partial, const at::Tensor& rev_idx,
+                                  const at::Tensor& scores, const at::Tensor& experts,
+                                  const std::optional<at::Tensor>& logits, int64_t num_experts, int64_t mode,
+                                  at::Tensor* d_logit_rows) {
   RouterBackwardParams p = router_backward_args(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode);
   check_same_cuda_device("router_backward", {{&d_score_partial, "d_score_partial"}, {&rev_idx, "rev_idx"},
                                              {&scores, "scores"}, {&experts, "experts"}});
   if (logits.has_value()) check_same_cuda_device("router_backward", {{&rev_idx, "rev_idx"}, {&*logits, "logits"}});
   const c10::cuda::CUDAGuard guard(rev_idx.device());
   at::Tensor d_logits = at::empty({rev_idx.size(0), num_experts}, rev_idx.options().dtype(at::kBFloat16));
+  if (d_logit_rows != nullptr) {
+    *d_logit_rows = at::empty({d_score_partial.size(0)}, d_score_partial.options());
+    p.d_logit_rows = d_logit_rows->data_ptr<float>();
+  }
   p.d_score_partial = d_score_partial.data_ptr<float>();
   p.rev_idx = rev_idx.data_ptr<int32_t>();
   p.scores = scores.data_ptr<float>();
@@ -133,11 +142,45 @@ at::Tensor router_backward_cuda(const at::Tensor& d_score_partial, const at::Ten
   return d_logits;
 }
 
+// router_backward_rows' rule beyond router_backward's: a mode whose d_logits is zero off the chosen experts.
+void check_rows_mode(int64_t mode) {
+  check_arg(mode != static_cast<int>(RouterMode::kSoftmaxTopk), "router_backward_rows", "mode", text(mode),
+            "must be 0 (topk_softmax) or 2 (softmax_topk_norm): softmax_topk's d_logits is nonzero at every expert");
+}
+
+}  // namespace
+
+at::Tensor router_backward_cuda(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
+                                const at::Tensor& experts, const std::optional<at::Tensor>& logits,
+                                int64_t num_experts, int64_t mode) {
+  return launch_router_backward(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode, nullptr);
+}
+
 at::Tensor router_backward_cpu(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
                                const at::Tensor& experts, const std::optional<at::Tensor>& logits,
                                int64_t num_experts, int64_t mode) {
   router_backward_args(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode);
   check_same_cuda_device("router_backward", {{&d_score_partial, "d_score_partial"}});  // raises: CPU
+  return {};
+}
+
+std::tuple<at::Tensor, at::Tensor> router_backward_rows_cuda(const at::Tensor& d_score_partial,
+                                                             const at::Tensor& rev_idx, const at::Tensor& scores,
+                                                             const at::Tensor& experts, int64_t num_experts,
+                                                             int64_t mode) {
+  check_rows_mode(mode);
+  at::Tensor d_logit_rows;
+  at::Tensor d_logits =
+      launch_router_backward(d_score_partial, rev_idx, scores, experts, std::nullopt, num_experts, mode, &d_logit_rows);
+  return {d_logits, d_logit_rows};
+}
+
+std::tuple<at::Tensor, at::Tensor> router_backward_rows_cpu(const at::Tensor& d_score_partial,
+                                                            const at::Tensor& rev_idx, const at::Tensor& scores,
+                                                            const at::Tensor& experts, int64_t num_experts,
+                                                            int64_t mode) {
+  check_rows_mode(mode);
+  router_backward_cpu(d_score_partial, rev_idx, scores, experts, std::nullopt, num_experts, mode);
   return {};
 }
 

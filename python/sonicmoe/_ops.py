@@ -73,12 +73,17 @@ def _tile_config_number(tile_config: str) -> int:
 
 
 def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tensor,
-                    partial_rows: bool = False, tile_config: str = "auto") -> torch.Tensor:
+                    partial_rows: bool = False, tile_config: str = "auto",
+                    addend_scale: torch.Tensor | None = None, addend_rows: torch.Tensor | None = None) -> torch.Tensor:
     """K6 layout: out[r] = a[r] @ b[e] for rows r of expert e, b (E, k, n_out) bf16 read as stored
     (dX~ = dH @ w1 with w1 (E, 2n, d)); our varlen kernel. partial_rows as in grouped_gemm;
-    tile_config "auto" or a varlen configuration, as in up_proj."""
+    tile_config "auto" or a varlen configuration, as in up_proj.
+    With addend_scale (M,) fp32 and addend_rows (E, n_out) bf16 (both or neither), out[r] +=
+    addend_scale[r] * addend_rows[e] in fp32 before the one rounding: the router's part of dx where
+    d_logits is zero off the chosen experts (router_backward_rows' d_logit_rows, router_weight)."""
     _require_extension()
-    return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows, _tile_config_number(tile_config))
+    return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows, _tile_config_number(tile_config),
+                                              addend_scale, addend_rows)
 
 
 def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config="auto"):
@@ -207,6 +212,17 @@ def router_backward(d_score_partial: torch.Tensor, rev_idx: torch.Tensor, scores
                                               ROUTER_MODES[routing])
 
 
+def router_backward_rows(d_score_partial: torch.Tensor, rev_idx: torch.Tensor, scores: torch.Tensor,
+                         experts: torch.Tensor, num_experts: int, routing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_backward for topk_softmax and softmax_topk_norm, whose d_logits is zero off each
+    token's chosen experts: (d_logits (T, E) bf16, d_logit_rows (rows,) fp32), d_logit_rows[r] being
+    d_logits[t, e] (before its rounding) at the sorted row r = rev_idx[t, k] of expert e =
+    experts[t, k]: grouped_gemm_kn's addend_scale."""
+    _require_extension()
+    return torch.ops.sonicmoe.router_backward_rows(d_score_partial, rev_idx, scores, experts, num_experts,
+                                                   ROUTER_MODES[routing])
+
+
 def device_routing_metadata(experts: torch.Tensor, num_experts: int):
     """R: routing_metadata (routing.py) computed by three small kernels; same result."""
     _require_extension()
@@ -269,6 +285,12 @@ if _C is not None:
         torch._check(rev_idx.dim() == 2, lambda: "router_backward: rev_idx must be 2-D")
         return rev_idx.new_empty((rev_idx.shape[0], num_experts), dtype=torch.bfloat16)
 
+    @torch.library.register_fake("sonicmoe::router_backward_rows")
+    def _router_backward_rows_fake(d_score_partial, rev_idx, scores, experts, num_experts, mode):
+        torch._check(rev_idx.dim() == 2, lambda: "router_backward_rows: rev_idx must be 2-D")
+        return (rev_idx.new_empty((rev_idx.shape[0], num_experts), dtype=torch.bfloat16),
+                d_score_partial.new_empty((d_score_partial.shape[0],)))
+
     @torch.library.register_fake("sonicmoe::routing_metadata")
     def _routing_metadata_fake(experts, num_experts):
         torch._check(experts.dim() == 2, lambda: "routing_metadata: experts must be 2-D")
@@ -276,7 +298,8 @@ if _C is not None:
         return (experts.new_empty((num_experts + 1,), **ints), experts.new_empty((experts.numel(),), **ints),
                 experts.new_empty(experts.shape, **ints))
     @torch.library.register_fake("sonicmoe::grouped_gemm_kn")
-    def _grouped_gemm_kn_fake(a, b, expert_offsets, partial_rows=False, tile_config=0):
+    def _grouped_gemm_kn_fake(a, b, expert_offsets, partial_rows=False, tile_config=0, addend_scale=None,
+                              addend_rows=None):
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
         return a.new_empty((a.shape[0], b.shape[2]))

@@ -50,9 +50,15 @@ def grouped_gemm(a, b, expert_offsets, tile_config=0, partial_rows=False):
                            lambda e, lo, hi: a[lo:hi].float() @ b[e].float().t())
 
 
-def grouped_gemm_kn(a, b, expert_offsets, partial_rows=False, tile_config=0):
-    return _rows_by_expert(a.shape[0], b.shape[2], expert_offsets, partial_rows,
-                           lambda e, lo, hi: a[lo:hi].float() @ b[e].float())
+def grouped_gemm_kn(a, b, expert_offsets, partial_rows=False, tile_config=0, addend_scale=None, addend_rows=None):
+    if (addend_scale is None) != (addend_rows is None):
+        raise ValueError("grouped_gemm_kn: addend_scale comes with addend_rows: both or neither")
+
+    def rows(e, lo, hi):
+        out = a[lo:hi].float() @ b[e].float()
+        return out if addend_scale is None else out + addend_scale[lo:hi, None] * addend_rows[e].float()
+
+    return _rows_by_expert(a.shape[0], b.shape[2], expert_offsets, partial_rows, rows)
 
 
 def up_proj(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False, tile_config=0):
@@ -124,6 +130,17 @@ def router_backward(d_score_partial, rev_idx, scores, experts, logits, num_exper
                                   num_experts=num_experts).bfloat16()
 
 
+def router_backward_rows(d_score_partial, rev_idx, scores, experts, num_experts, mode):
+    if _ROUTER_MODE_NAMES[mode] == "softmax_topk":
+        raise ValueError("router_backward_rows: mode 1 (softmax_topk) has d_logits at every expert")
+    d_scores = d_score_partial.sum(dim=1)[rev_idx.long()]
+    d_logits = router_scores_backward(None, scores, experts, d_scores, _ROUTER_MODE_NAMES[mode],
+                                      num_experts=num_experts)
+    d_logit_rows = torch.full((d_score_partial.shape[0],), _NAN)
+    d_logit_rows[rev_idx.reshape(-1).long()] = d_logits.gather(1, experts.long()).reshape(-1)
+    return d_logits.bfloat16(), d_logit_rows
+
+
 def routing_metadata(experts, num_experts):
     return tuple(routing.routing_metadata(experts, num_experts))
 
@@ -160,7 +177,7 @@ def combine_csr(y, row_scores, rows, token_offsets):
 
 OPS = {f.__name__: f for f in (grouped_gemm, grouped_gemm_kn, up_proj, down_proj_grad, weight_grad, router_topk,
                                 rounding_probs, routing_metadata, token_rounding_assign, dense_layout, combine,
-                                combine_csr, combine_dx, router_backward)}
+                                combine_csr, combine_dx, router_backward, router_backward_rows)}
 
 
 @contextlib.contextmanager

@@ -22,23 +22,36 @@ K4_CONFIGS = pytest.mark.parametrize(
 
 
 # "auto" takes the cooperative 128 x 256 tile for a wide output over experts with >= 1024 rows
-# (sm90/heuristics.h): (256, 4096, 2) reaches it.
+# (sm90/heuristics.h): (256, 4096, 2) reaches it. With the addend (the router's part of dx folded
+# into K6: RowAddendStoreEpilogue), + addend_scale[r] * addend_rows[e] in fp32 before the rounding;
+# (8, 8, 1) leaves a partial n tile on every configuration, (72, 136, 8) one 16-byte chunk past a
+# whole 128-column tile.
+@pytest.mark.parametrize("addend", [False, True])
 @pytest.mark.parametrize("tile_config", ["auto"] + [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
-@pytest.mark.parametrize("k,n_out,E", [(512, 1536, 128), (2048, 4096, 16), (72, 136, 8), (8, 8, 1), (256, 4096, 2)])
-def test_grouped_gemm_kn(k, n_out, E, tile_config):
-    gen = generator("kn", k, n_out, E)
+@pytest.mark.parametrize("k,n_out,E", [(512, 1536, 128), (2048, 4096, 16), (72, 136, 8), (8, 8, 1), (256, 4096, 2),
+                                       (1024, 4096, 128)])
+def test_grouped_gemm_kn(k, n_out, E, tile_config, addend):
+    gen = generator("kn", k, n_out, E, addend)
     counts = random_counts(3000, E, gen)
     a = torch.randn(sum(counts), k, device="cuda", generator=gen).bfloat16()
     b = (torch.randn(E, k, n_out, device="cuda", generator=gen) * k**-0.5).bfloat16()
     offs = offsets_from_counts(counts)
+    scale = torch.randn(a.shape[0], device="cuda", generator=gen) if addend else None
+    rows = torch.randn(E, n_out, device="cuda", generator=gen).bfloat16() if addend else None
     torch.full((a.shape[0] * n_out,), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out = sonicmoe.grouped_gemm_kn(a, b, offs, tile_config=tile_config)
+    out = sonicmoe.grouped_gemm_kn(a, b, offs, tile_config=tile_config, addend_scale=scale, addend_rows=rows)
     ref = torch.empty(a.shape[0], n_out, device="cuda")
     bounds = offs.tolist()
     for e in range(E):
-        ref[bounds[e]:bounds[e + 1]] = a[bounds[e]:bounds[e + 1]].float() @ b[e].float()
+        lo, hi = bounds[e], bounds[e + 1]
+        ref[lo:hi] = a[lo:hi].float() @ b[e].float() + (scale[lo:hi, None] * rows[e].float() if addend else 0)
     assert torch.isfinite(out).all()
     assert rel(out, ref) <= 1e-2
+    if addend:  # the addend alone (a = 0): each row is its scaled expert row, rounded once
+        zero = sonicmoe.grouped_gemm_kn(torch.zeros_like(a), b, offs, tile_config=tile_config, addend_scale=scale,
+                                        addend_rows=rows)
+        expert = torch.repeat_interleave(torch.arange(E, device="cuda"), torch.tensor(counts, device="cuda"))
+        assert torch.equal(zero, (scale[:, None] * rows[expert].float()).bfloat16())
 
 
 def check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows=0):

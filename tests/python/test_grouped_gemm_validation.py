@@ -88,3 +88,45 @@ def test_grouped_gemm_rejects_misaligned_data_pointer():
     with pytest.raises(ValueError, match=r"grouped_gemm: a.data_ptr\(\) = \d+ breaks the rule: "
                                          r"must be 16-byte aligned \(TMA\)"):
         torch.ops.sonicmoe.grouped_gemm(shifted, b, offs)
+
+
+def valid_kn_addend(E=4, m=40, k=64, n_out=32):
+    a = torch.randn(m, k).bfloat16()
+    b = torch.randn(E, k, n_out).bfloat16()
+    offs = torch.linspace(0, m, E + 1).round().to(torch.int32)
+    return a, b, offs, torch.randn(m), torch.randn(E, n_out).bfloat16()
+
+
+KN_ADDEND_CASES = [
+    ("scale alone", lambda s, r: (s, None),
+     "grouped_gemm_kn: addend_scale = a tensor breaks the rule: comes with addend_rows: both or neither"),
+    ("rows alone", lambda s, r: (None, r),
+     "grouped_gemm_kn: addend_scale = None breaks the rule: comes with addend_rows: both or neither"),
+    ("scale dtype", lambda s, r: (s.bfloat16(), r), "grouped_gemm_kn: addend_scale.dtype = BFloat16 breaks the rule"),
+    ("rows dtype", lambda s, r: (s, r.float()), "grouped_gemm_kn: addend_rows.dtype = Float breaks the rule"),
+    ("scale length", lambda s, r: (s[:-1], r),
+     "grouped_gemm_kn: addend_scale.shape = [39] breaks the rule: must be (m_total,) = (40,)"),
+    ("rows shape", lambda s, r: (s, r[:, :24].contiguous()),
+     "grouped_gemm_kn: addend_rows.shape = [4, 24] breaks the rule: must be (num_experts, n_out) = (4, 32)"),
+    ("rows contiguity", lambda s, r: (s, r.t().contiguous().t()),
+     "grouped_gemm_kn: addend_rows.stride() = [1, 4] breaks the rule: must be contiguous"),
+    ("device", lambda s, r: (s, r), "grouped_gemm: a.device = cpu breaks the rule: must be a CUDA device"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,message", KN_ADDEND_CASES, ids=[c[0] for c in KN_ADDEND_CASES])
+def test_grouped_gemm_kn_rejects_a_bad_addend(name, mutate, message):
+    a, b, offs, scale, rows = valid_kn_addend()
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        torch.ops.sonicmoe.grouped_gemm_kn(a, b, offs, False, 0, *mutate(scale, rows))
+
+
+def test_grouped_gemm_kn_addend_fake_shape_without_a_gpu():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b, offs = torch.empty(1000, 256, dtype=torch.bfloat16), torch.empty(8, 256, 1536, dtype=torch.bfloat16), \
+            torch.empty(9, dtype=torch.int32)
+        out = torch.ops.sonicmoe.grouped_gemm_kn(a, b, offs, False, 0, torch.empty(1000),
+                                                 torch.empty(8, 1536, dtype=torch.bfloat16))
+    assert out.shape == (1000, 1536) and out.dtype == torch.bfloat16

@@ -8,6 +8,7 @@ import torch
 
 import sonicmoe
 from conftest import requires_extension, requires_hopper
+from sonicmoe._ops import ROUTER_MODES
 from sonicmoe.functional import router_scores_backward
 from sonicmoe.routing import routing_metadata, scores_from_logits
 
@@ -255,6 +256,41 @@ def test_router_backward_matches_torch(routing, T, E, K, slots, logit_dtype):
     if routing != "softmax_topk":
         chosen = torch.zeros(T, E, dtype=torch.bool, device="cuda").scatter_(1, experts.long(), True)
         assert bool((got[~chosen] == 0).all())
+
+
+@requires_extension
+@pytest.mark.parametrize("mode,message", [
+    (1, "router_backward_rows: mode = 1 breaks the rule: must be 0 (topk_softmax) or 2 (softmax_topk_norm)"),
+    (0, "router_backward: d_score_partial.device = cpu breaks the rule: must be a CUDA device"),
+])
+def test_router_backward_rows_rejects(mode, message):
+    p, r, s, e, _ = router_backward_inputs(6, 8, 2, "topk_softmax", "cpu", torch.Generator().manual_seed(1))
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        torch.ops.sonicmoe.router_backward_rows(p, r, s, e, 8, mode)
+
+
+@requires_hopper
+@pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk_norm"])
+@pytest.mark.parametrize("T,E,K,slots", [(1, 8, 1, 1), (1000, 64, 8, 8), (257, 256, 8, 16), (100, 1024, 32, 12)])
+def test_router_backward_rows_matches_torch(routing, T, E, K, slots):
+    # d_logits as router_backward's, bit for bit, and each (t, k)'s value at its sorted row in fp32
+    # (K6's addend_scale), unrounded.
+    gen = torch.Generator(device="cuda").manual_seed(T * 5 + E + K)
+    d_score_partial, rev_idx, scores, experts, _ = router_backward_inputs(T, E, K, routing, "cuda", gen, slots=slots)
+    torch.full((T * K,), float("nan"), device="cuda")  # poison the pool
+    d_logits, rows = sonicmoe._ops.router_backward_rows(d_score_partial, rev_idx, scores, experts, E, routing)
+    assert torch.equal(d_logits, sonicmoe._ops.router_backward(d_score_partial, rev_idx, scores, experts, None, E,
+                                                               routing))
+    assert rows.shape == (T * K,) and rows.dtype == torch.float32
+    d_scores = d_score_partial.double().sum(1)[rev_idx.long()]
+    want = router_scores_backward(None, scores.double(), experts, d_scores, routing, num_experts=E)
+    want_rows = torch.empty(T * K, dtype=torch.float64, device="cuda")
+    want_rows[rev_idx.reshape(-1).long()] = want.gather(1, experts.long()).reshape(-1)
+    err = (rows.double() - want_rows).abs()
+    assert bool((err <= 1e-5 * want_rows.abs() + 1e-6 * want_rows.abs().max()).all()), float(err.max())
+    assert torch.equal(rows[rev_idx.reshape(-1).long()].bfloat16(), d_logits.gather(1, experts.long()).reshape(-1))
+    torch.library.opcheck(torch.ops.sonicmoe.router_backward_rows,
+                          (d_score_partial, rev_idx, scores, experts, E, ROUTER_MODES[routing]))
 
 
 @requires_hopper
