@@ -8,9 +8,11 @@ times the layer with that part of dx left out (wrong dx by design; R's backward 
 weight's GEMM still run in the tail): what the fold could remove at most, before its own cost
 (R's backward before K6, the epilogue's extra FMA an element).
 
-Timed as the anchors' protocol, the two variants alternating in one process:
-  base        the layer as it is
-  no_router   the same backward without d_logits @ router_weight and K8's addend
+Timed as the anchors' protocol, the variants alternating in one process:
+  base        the layer with the dense d_logits @ router_weight added in K8 (_ROUTER_DX_IN_K6 off)
+  no_router   the same backward without d_logits @ router_weight and K8's addend (the bound)
+  in_k6       the fold as built (session 42): R's backward before K6, whose epilogue adds
+              d_logits[t, e] * router_weight[e] (grouped_gemm_kn's addend; _ROUTER_DX_IN_K6 on)
 
     python experiments/router_fold_bound.py [--rounds 5] [CONFIG ...]
 """
@@ -27,6 +29,7 @@ import sonicmoe  # noqa: E402
 from sonicmoe import functional  # noqa: E402
 
 BASE_BACKWARD = functional._MoELayer.backward
+DEFAULT_IN_K6 = functional._ROUTER_DX_IN_K6
 
 
 def backward_without_router_dx(ctx, grad_out, grad_logits=None):
@@ -50,7 +53,9 @@ def main():
     ap.add_argument("configs", nargs="*", default=["olmoe-1b-7b", "paper-30b-n512"])
     args = ap.parse_args()
     _, _, configs = bench.load_anchors()
-    variants = {"base": BASE_BACKWARD, "no_router": backward_without_router_dx}
+    # (backward, _ROUTER_DX_IN_K6) per variant
+    variants = {"base": (BASE_BACKWARD, False), "no_router": (backward_without_router_dx, False),
+                "in_k6": (BASE_BACKWARD, True)}
     bench.warm_up_gpu(1.0)
     _, timer = bench.anchor_protocol_timer()
     for name in args.configs:
@@ -70,13 +75,15 @@ def main():
         bwd = {v: [] for v in variants}
         for r in range(args.rounds):
             for v in bench.rotated(list(variants), r):
-                functional._MoELayer.backward = staticmethod(variants[v])
+                backward, functional._ROUTER_DX_IN_K6 = variants[v]
+                functional._MoELayer.backward = staticmethod(backward)
                 fwd_ms = bench.anchor_protocol_ms(lambda: sonicmoe.moe(x, router, w1, w2, K), timer)
                 fwd_bwd_ms = bench.anchor_protocol_ms(step, timer)
                 bwd[v].append(bwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9)
                 print(f"  {name} round {r} {v}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
                       f"bwd {bwd[v][-1]:.1f} TF", flush=True)
         functional._MoELayer.backward = staticmethod(BASE_BACKWARD)
+        functional._ROUTER_DX_IN_K6 = DEFAULT_IN_K6
         base = statistics.median(bwd["base"])
         print(f"{name}: bwd TFLOP/s (median of {args.rounds}) " +
               " | ".join(f"{v} {statistics.median(t):.1f} ({statistics.median(t) / base:.3f})" for v, t in bwd.items()),

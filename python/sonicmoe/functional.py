@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from . import _ops, reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, combine_dx, device_routing_metadata,
                    down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_backward,
-                   router_topk, up_proj, weight_grad)
+                   router_backward_rows, router_topk, up_proj, weight_grad)
 from .routing import (dense_routing_metadata_expert_major, dense_row_bound, scores_from_logits,
                       token_rounding_expert_major)
 
@@ -58,16 +58,20 @@ def _autocast_inputs(x, *tensors):
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in (x, *tensors))
 
 
+def _kernel_rows(t):
+    """t as rows the kernels can read: contiguous and 16-byte aligned, copied only where it is not
+    (a transposed or sliced view); its gradient flows back to t."""
+    if not t.is_contiguous():
+        return t.contiguous()
+    if (t.is_cuda and t.numel() and not torch.compiler.is_compiling()
+            and t.data_ptr() % 16):  # Inductor copies its misaligned inputs itself
+        return t.clone()
+    return t
+
+
 def _token_rows(x, d):
-    """x as (T, d) rows the kernels can read: contiguous and 16-byte aligned, copied only where
-    the caller's view is not (a transposed or sliced activation); its gradient flows back to x."""
-    rows = x.reshape(-1, d)
-    if not rows.is_contiguous():
-        rows = rows.contiguous()
-    elif (rows.is_cuda and rows.numel() and not torch.compiler.is_compiling()
-          and rows.data_ptr() % 16):  # Inductor copies its misaligned inputs itself
-        rows = rows.clone()
-    return rows
+    """x as (T, d) rows the kernels can read (_kernel_rows)."""
+    return _kernel_rows(x.reshape(-1, d))
 
 
 def _kernel_path(x, w1, w2) -> bool:
@@ -166,7 +170,8 @@ def _side_streams(device):
     return _side_streams_by_device[key]
 
 
-def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows, tail):
+def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows, tail,
+                      k6_addend=None):
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
     K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
@@ -188,12 +193,16 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     score gradient per sorted row and 128 columns of n ((rows, slots) fp32, which a row's score
     gradient sums), each None unless needed. It reads no weight gradient, so it runs beside K5 / K7
     where _tail_beside_weight_grads, else after them.
+    k6_addend(d_score_partial), where given and dX~ is needed: (addend_scale, addend_rows) that K6
+    adds to its rows (grouped_gemm_kn), computed between K4 and K6 (the top-K layer's router part).
     Returns (dw1, dw2, what tail returned)."""
     need_x, need_w1, need_w2, need_scores = needs
     d_out = grad_out.to(torch.bfloat16).contiguous()
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
                                                     partial_rows=partial_rows)
-    dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows) if need_x else None
+    addend_scale, addend_rows = k6_addend(d_score_partial) if need_x and k6_addend is not None else (None, None)
+    dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows, addend_scale=addend_scale,
+                              addend_rows=addend_rows) if need_x else None
     d_score_partial = d_score_partial if need_scores else None
     if torch.compiler.is_compiling():
         dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows) if need_w2 else None
@@ -256,14 +265,15 @@ def _routed_forward(x, w1, w2, scores, experts, keep_h):
     return combine(y, scores, meta.rev_idx), (h if keep_h else None), meta
 
 
-def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx, tail):
+def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx, tail, k6_addend=None):
     """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores). tail(dx_rows,
     d_score_partial): dx_rows is K6's dX~ in the sorted layout (None unless needs[0]), which K8
     (combine_dx) sums per token; d_score_partial K4's score-gradient slots per sorted row (None
-    unless needs[3]), which R's backward or _scores_grad sums. Returns (dw1, dw2, tail's result)."""
+    unless needs[3]), which R's backward or _scores_grad sums. k6_addend as in _experts_backward.
+    Returns (dw1, dw2, tail's result)."""
     row_score = scores.new_empty(gather_idx.shape[0])
     row_score[rev_idx.reshape(-1).long()] = scores.reshape(-1)
-    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, False, tail)
+    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, False, tail, k6_addend)
 
 
 def _scores_grad(d_score_partial, rev_idx):
@@ -297,6 +307,23 @@ class _MoEExperts(torch.autograd.Function):
         return dx, dw1, dw2, dscores, None, None
 
 
+# The top-K modes whose d_logits is zero off each token's chosen experts: the router's part of dx,
+# d_logits @ router_weight, is then sum_k d_logits[t, e_k] router_weight[e_k], which K6 adds row by
+# row (grouped_gemm_kn's addend) in place of the dense GEMM and K8's T x d addend. softmax_topk_norm
+# belongs: its softmax over all E cancels in the renormalisation.
+_ROUTER_DX_IN_K6_MODES = ("topk_softmax", "softmax_topk_norm")
+# Off until the H200 has run the fold (session 42 built it and tested it on the CPU emulation only):
+# experiments/router_fold_bound.py times the layer both ways, tests/python/test_moe.py checks it.
+_ROUTER_DX_IN_K6 = False
+
+
+def _router_dx_in_k6(routing, grad_logits) -> bool:
+    """Whether the top-K layer's backward folds the router's part of dx into K6 (see
+    _ROUTER_DX_IN_K6_MODES): not where the logits are returned (autograd then hands their gradient,
+    zeros if unused, and a loss on them makes d_logits dense)."""
+    return _ROUTER_DX_IN_K6 and routing in _ROUTER_DX_IN_K6_MODES and grad_logits is None
+
+
 class _MoELayer(torch.autograd.Function):
     """The top-K layer with R on its kernel: router GEMM, R, the expert MLPs and combine in one
     Function, so that backward adds the router's part of dx, d_logits @ router_weight (cuBLAS),
@@ -309,7 +336,11 @@ class _MoELayer(torch.autograd.Function):
     expert ids, the logits for softmax_topk only, H and the int32 metadata.
 
     With return_logits the logits are a second output (for an auxiliary router loss); their
-    gradient joins R's d_logits before the router's two GEMMs."""
+    gradient joins R's d_logits before the router's two GEMMs.
+
+    Where d_logits is zero off the chosen experts (_router_dx_in_k6), R's backward runs between K4
+    and K6 instead, and K6 adds d_logits[t, e] * router_weight[e] to each of its rows: no dense
+    d_logits @ router_weight, and K8 sums without an addend."""
 
     @staticmethod
     def forward(ctx, x, router_weight, w1, w2, top_k, routing, keep_h, return_logits):
@@ -327,20 +358,32 @@ class _MoELayer(torch.autograd.Function):
         x, router_weight, w1, w2, logits, scores, experts, h, offsets, gather_idx, rev_idx = ctx.saved_tensors
         need_x, need_router, need_w1, need_w2 = ctx.needs_input_grad[:4]
         need_logits = need_x or need_router
+        num_experts = router_weight.shape[0]
+        d_logits_before_k6 = []
+
+        def router_dx_in_k6(d_score_partial):
+            d_logits, d_logit_rows = router_backward_rows(d_score_partial, rev_idx, scores, experts, num_experts,
+                                                          ctx.routing)
+            d_logits_before_k6.append(d_logits)
+            return d_logit_rows, _kernel_rows(router_weight)
 
         def tail(dx_rows, d_score_partial):
             if not need_logits:
                 return None, None
-            d_logits = router_backward(d_score_partial, rev_idx, scores, experts, logits, router_weight.shape[0],
-                                       ctx.routing)
-            if grad_logits is not None:  # the caller's loss on the returned logits, summed in fp32
-                d_logits = (d_logits.float() + grad_logits.float()).to(d_logits.dtype)
+            if d_logits_before_k6:  # the router's part of dx is in K6's rows
+                d_logits, router_dx = d_logits_before_k6[0], None
+            else:
+                d_logits = router_backward(d_score_partial, rev_idx, scores, experts, logits, num_experts, ctx.routing)
+                if grad_logits is not None:  # the caller's loss on the returned logits, summed in fp32
+                    d_logits = (d_logits.float() + grad_logits.float()).to(d_logits.dtype)
+                router_dx = d_logits @ router_weight if need_x else None
             d_router = d_logits.t() @ x if need_router else None
-            dx = combine_dx(dx_rows, rev_idx, d_logits @ router_weight) if need_x else None
+            dx = combine_dx(dx_rows, rev_idx, router_dx) if need_x else None
             return dx, d_router
 
+        k6_addend = router_dx_in_k6 if _router_dx_in_k6(ctx.routing, grad_logits) else None
         dw1, dw2, (dx, d_router) = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1, w2,
-                                                    scores, h, offsets, gather_idx, rev_idx, tail)
+                                                    scores, h, offsets, gather_idx, rev_idx, tail, k6_addend)
         return dx, d_router, dw1, dw2, None, None, None, None
 
 

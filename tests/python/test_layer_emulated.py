@@ -77,6 +77,49 @@ def test_router_logits_loss_joins_the_layers_gradients(kernels, routing):
         assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
 
 
+@pytest.mark.parametrize("aux", [False, True])
+@pytest.mark.parametrize("routing", TOP_K_MODES)
+def test_router_dx_in_k6_where_d_logits_is_zero_off_the_chosen(kernels, monkeypatch, routing, aux):
+    # Under topk_softmax and softmax_topk_norm with no loss on the logits, R's backward runs before
+    # K6, which adds d_logits[t, e] * router_weight[e] to its rows, and K8 sums with no addend.
+    # Elsewhere (softmax_topk, or a loss on the returned logits) the dense d_logits @ router_weight
+    # stays. Either way the gradients are the other form's: bit for bit but dx, rounded elsewhere.
+    F_ = sonicmoe.functional
+    calls = []  # (op, whether it was given an addend)
+
+    def with_addend(name, args, kwargs):
+        if name == "grouped_gemm_kn":
+            return kwargs.get("addend_scale") is not None
+        return name == "combine_dx" and len(args) > 2 and args[2] is not None
+
+    for name in ("router_backward", "router_backward_rows", "combine_dx", "grouped_gemm_kn"):
+        def spy(*args, _name=name, _real=getattr(F_, name), **kwargs):
+            calls.append((_name, with_addend(_name, args, kwargs)))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(F_, name, spy)
+    leaves = layer_leaves(300, 128, 64, 8, "emulated-k6-addend", routing)
+    g = torch.randn(300, 128, generator=generator("cpu", "g-k6-addend", routing))
+
+    def grads(in_k6):
+        monkeypatch.setattr(F_, "_ROUTER_DX_IN_K6", in_k6)
+        calls.clear()
+        for t in leaves:
+            t.grad = None
+        out = sonicmoe.moe(*leaves, 2, routing=routing, return_router_logits=aux)
+        loss = (out[0].float() * g).sum() + router_aux_loss(out[1]) if aux else (out.float() * g).sum()
+        loss.backward()
+        return [t.grad.clone() for t in leaves], dict(calls)
+
+    folded = routing != "softmax_topk" and not aux
+    got, ops = grads(True)
+    assert ops == ({"router_backward_rows": False, "grouped_gemm_kn": True, "combine_dx": False} if folded else
+                   {"router_backward": False, "grouped_gemm_kn": False, "combine_dx": True})
+    want, _ = grads(False)
+    assert rel(got[0], want[0]) <= 1e-2
+    for name, a, b in zip(("drouter", "dw1", "dw2"), got[1:], want[1:]):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 2), (7, 4, 4), (500, 16, 3)])
 def test_moe_routed_gradients_with_empty_and_hot_experts(kernels, T, E, K):
     d, n = 64, 48  # n % 32 != 0: H's trailing block stays in column order
@@ -264,6 +307,20 @@ def test_torch_compile_fullgraph_matches_eager(kernels, routing, backend):
 
     def layer(x, router, w1, w2):
         return sonicmoe.moe(x, router, w1, w2, 2, routing=routing, **opts)
+
+    for name, eager, compiled in compiled_against_eager(layer, leaves, g, backend):
+        assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], name
+
+
+@pytest.mark.parametrize("backend", list(COMPILE_TOLERANCE))
+def test_torch_compile_fullgraph_with_router_dx_in_k6(kernels, monkeypatch, backend):
+    # The fold's ops (router_backward_rows, grouped_gemm_kn's addend) trace by their fakes.
+    monkeypatch.setattr(sonicmoe.functional, "_ROUTER_DX_IN_K6", True)
+    leaves = layer_leaves(128, 64, 32, 8, "emulated-compile-k6")
+    g = torch.randn(128, 64, generator=generator("cpu", "g-compile-k6")).bfloat16()
+
+    def layer(x, router, w1, w2):
+        return sonicmoe.moe(x, router, w1, w2, 2, routing="softmax_topk_norm")
 
     for name, eager, compiled in compiled_against_eager(layer, leaves, g, backend):
         assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], name

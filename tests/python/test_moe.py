@@ -320,6 +320,34 @@ def test_every_gradient_of_the_layer(routing, aux):
     for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref_leaves):
         assert rel(got.grad, want.grad) <= 2e-2, name
 
+
+@requires_hopper
+@pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk_norm"])
+@pytest.mark.parametrize("n", [128, 512])
+def test_router_dx_in_k6_against_the_dense_router_gemm(monkeypatch, routing, n):
+    # The router's part of dx added in K6's epilogue (functional._ROUTER_DX_IN_K6) against the dense
+    # d_logits @ router_weight added in K8: the weight and router gradients are the same bits (the
+    # same d_logits, the same kernels), dx the same sum rounded elsewhere. n 512 runs the tail beside
+    # K5 / K7, n 128 after them.
+    F = sonicmoe.functional
+    gen = generator("cuda", "router-dx-in-k6", routing, n)
+    leaves = [t.requires_grad_(True) for t in make_layer(700, 256, n, 16, "cuda", gen)]
+    g = torch.randn(700, 256, device="cuda", generator=gen).bfloat16()
+
+    def grads(in_k6):
+        monkeypatch.setattr(F, "_ROUTER_DX_IN_K6", in_k6)
+        for t in leaves:
+            t.grad = None
+        sonicmoe.moe(*leaves, 4, routing=routing).backward(g)
+        return [t.grad.clone() for t in leaves]
+
+    got, want = grads(True), grads(False)
+    assert torch.isfinite(got[0]).all()
+    assert rel(got[0], want[0].float()) <= 4e-3
+    for name, a, b in zip(("drouter", "dw1", "dw2"), got[1:], want[1:]):
+        assert torch.equal(a, b), name
+
+
 def test_tail_runs_beside_the_weight_gradients_only_in_eager_cuda_top_k_at_n_512_to_1024():
     beside = sonicmoe.functional._tail_beside_weight_grads
     assert not beside(torch.zeros(1), 512, False)  # CPU tensors (the emulated kernels)
