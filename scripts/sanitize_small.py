@@ -1,10 +1,10 @@
 """One small forward + backward of sonicmoe.moe on the kernels, for compute-sanitizer (memcheck,
 racecheck): top-K with an all-but-empty expert and ragged counts, then token rounding (tile 64,
 upper-bound buffers), at n 384 (the top-K backward's tail on a second stream beside K5 / K7) and
-at n 256 (where eager dW1 runs on K7); then K1, K2, K4, K6, K5
-and K7 on the 2 x 1 clustered tile (auto takes it only at d >= 3072, and for K5 / K7 at 2048 rows
-per expert), on ragged routing with an odd tile count (a pair's empty half) and on upper-bound
-buffers. scripts/h200_check.sh runs it under both
+at n 256 (where eager dW1 runs on K7), softmax_topk_norm with the router's part of dx folded into
+K6; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
+it only at d >= 3072, and for K5 / K7 at 2048 rows per expert), on ragged routing with an odd tile
+count (a pair's empty half) and on upper-bound buffers. scripts/h200_check.sh runs it under both
 tools; on its own:
 
     PYTHONPATH=python compute-sanitizer --tool racecheck python3 scripts/sanitize_small.py
@@ -21,6 +21,9 @@ torch.manual_seed(0)
 # The top-K backward runs its tail on a second stream beside K5 / K7 where 512 <= n <= 1024; here
 # at n 384 too, so that the tools see that path (n 256 keeps the one-stream order).
 sonicmoe.functional._TAIL_BESIDE_MIN_N = 384
+# The router's part of dx folded into K6 (grouped_gemm_kn's addend, router_backward_rows): on here,
+# so softmax_topk_norm below runs it (ping-pong K6) while softmax_topk keeps the dense router GEMM.
+sonicmoe.functional._ROUTER_DX_IN_K6 = True
 T, d, E, K = 300, 256, 8, 2
 x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
 router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16()
@@ -60,6 +63,10 @@ for partial in (False, True):
     d_h, a_scaled, d_s = down_proj_grad(d_out, w2, h, torch.rand(g.shape[0], device="cuda"), off, g,
                                         partial_rows=partial, tile_config=C2X1)
     dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=C2X1)
+    # K6 with the addend, clustered and not (the layer above ran it on ping-pong)
+    scale, rows_e = torch.randn(g.shape[0], device="cuda"), torch.randn(E, d, device="cuda").bfloat16()
+    dx_rows_addend = [grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=tile, addend_scale=scale,
+                                      addend_rows=rows_e) for tile in (C2X1, "varlen_cooperative_128x256x64")]
     # K5 / K7 clustered: dW2's m blocks run over d = 256 (one pair), dW1's over x's width, 256 and
     # 384 (3 m blocks: an odd count, the last pair's second tile past the output).
     dw2 = sonicmoe.weight_grad(d_out, a_scaled, off, g, True, partial_rows=partial, tile_config=C2X1)
@@ -68,7 +75,8 @@ for partial in (False, True):
                                    partial_rows=partial, tile_config=C2X1)
     torch.cuda.synchronize()
     rows = int(off[-1])  # ok-host: a test script
-    norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows)]
+    norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows, *dx_rows_addend)]
     norms += [t.float().norm().item() for t in (dw2, dw1, dw1_odd)]
-    print("c2x1", "partial_rows" if partial else "exact rows", "h, a, y, d_h, a', dS, dx~, dw2, dw1, dw1 (odd) norms:",
+    print("c2x1", "partial_rows" if partial else "exact rows",
+          "h, a, y, d_h, a', dS, dx~, dx~ + addend (c2x1, co), dw2, dw1, dw1 (odd) norms:",
           " ".join(f"{v:.4g}" for v in norms))
