@@ -428,6 +428,26 @@ def anchor_protocol_ms(fn, timer, idle_s=None):
     return timer(fn, ANCHOR_PROTOCOL["warmup_ms"], ANCHOR_PROTOCOL["rep_ms"])
 
 
+def backward_variants_in_turn(name, variants, apply, forward, step, bwd_flops, rounds, timer, base):
+    """The layer's backward TFLOP/s under each variant, timed the anchors' way (fwd+bwd less fwd),
+    the variants alternating in this process and rotating by round; apply(variant) switches to one.
+    Prints each reading and the medians against base's; returns {variant: [TFLOP/s per round]}."""
+    bwd = {v: [] for v in variants}
+    for r in range(rounds):
+        for v in rotated(list(variants), r):
+            apply(v)
+            fwd_ms = anchor_protocol_ms(forward, timer)
+            fwd_bwd_ms = anchor_protocol_ms(step, timer)
+            bwd[v].append(bwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9)
+            print(f"  {name} round {r} {v}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
+                  f"bwd {bwd[v][-1]:.1f} TF", flush=True)
+    ref = statistics.median(bwd[base])
+    print(f"{name}: bwd TFLOP/s (median of {rounds}) " +
+          " | ".join(f"{v} {statistics.median(t):.1f} ({statistics.median(t) / ref:.3f})" for v, t in bwd.items()),
+          flush=True)
+    return bwd
+
+
 def anchor_protocol_interleaved(fns, rounds):
     """Median ms of each fn over rounds of anchor_protocol_ms windows, the order rotating by round."""
     _, timer = anchor_protocol_timer()

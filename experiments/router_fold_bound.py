@@ -17,7 +17,6 @@ Timed as the anchors' protocol, the variants alternating in one process:
     python experiments/router_fold_bound.py [--rounds 5] [CONFIG ...]
 """
 import argparse
-import statistics
 import sys
 
 import torch
@@ -71,23 +70,14 @@ def main():
             for p in params:
                 p.grad = None
 
-        bwd_flops = 12.0 * T * K * d * n
-        bwd = {v: [] for v in variants}
-        for r in range(args.rounds):
-            for v in bench.rotated(list(variants), r):
-                backward, functional._ROUTER_DX_IN_K6 = variants[v]
-                functional._MoELayer.backward = staticmethod(backward)
-                fwd_ms = bench.anchor_protocol_ms(lambda: sonicmoe.moe(x, router, w1, w2, K), timer)
-                fwd_bwd_ms = bench.anchor_protocol_ms(step, timer)
-                bwd[v].append(bwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9)
-                print(f"  {name} round {r} {v}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
-                      f"bwd {bwd[v][-1]:.1f} TF", flush=True)
+        def apply(v):
+            backward, functional._ROUTER_DX_IN_K6 = variants[v]
+            functional._MoELayer.backward = staticmethod(backward)
+
+        bench.backward_variants_in_turn(name, variants, apply, lambda: sonicmoe.moe(x, router, w1, w2, K), step,
+                                        12.0 * T * K * d * n, args.rounds, timer, "base")
         functional._MoELayer.backward = staticmethod(BASE_BACKWARD)
         functional._ROUTER_DX_IN_K6 = DEFAULT_IN_K6
-        base = statistics.median(bwd["base"])
-        print(f"{name}: bwd TFLOP/s (median of {args.rounds}) " +
-              " | ".join(f"{v} {statistics.median(t):.1f} ({statistics.median(t) / base:.3f})" for v, t in bwd.items()),
-              flush=True)
         del x, router, w1, w2, params, grad
         torch.cuda.empty_cache()
 

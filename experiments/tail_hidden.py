@@ -16,7 +16,6 @@ is their difference), the variants alternating in one process, at every n:
     python experiments/tail_hidden.py [--margins 0,4,8,16] [--rounds 3] [--check] [--trace] [CONFIG ...]
 """
 import argparse
-import statistics
 import sys
 
 import torch
@@ -92,21 +91,11 @@ def main():
                         print(f"    {e.time_range.start - t0:8.0f} {e.device_time:8.0f}  {e.name[:90]}", flush=True)
                 clear_grads()
 
-        fwd_flops, bwd_flops = 6.0 * T * K * d * n, 12.0 * T * K * d * n
-        bwd = {v: [] for v in variants}
-        for r in range(args.rounds):
-            for v in bench.rotated(list(variants), r):
-                variant(variants[v])
-                fwd_ms = bench.anchor_protocol_ms(lambda: sonicmoe.moe(x, router, w1, w2, K), timer)
-                fwd_bwd_ms = bench.anchor_protocol_ms(step, timer)
-                bwd[v].append(bwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9)
-                print(f"  {name} round {r} {v}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
-                      f"bwd {bwd[v][-1]:.1f} TF", flush=True)
+        bwd_flops = 12.0 * T * K * d * n
+        bench.backward_variants_in_turn(name, variants, lambda v: variant(variants[v]),
+                                        lambda: sonicmoe.moe(x, router, w1, w2, K), step, bwd_flops, args.rounds,
+                                        timer, "sequential")
         functional._TAIL_SM_MARGIN, functional._TAIL_BESIDE_MIN_N, functional._TAIL_BESIDE_MAX_N = RULE
-        base = statistics.median(bwd["sequential"])
-        print(f"{name}: bwd TFLOP/s (median of {args.rounds}) " +
-              " | ".join(f"{v} {statistics.median(t):.1f} ({statistics.median(t) / base:.3f})" for v, t in bwd.items()),
-              flush=True)
         del x, router, w1, w2, params, grad
         torch.cuda.empty_cache()
 

@@ -109,10 +109,6 @@ RouterBackwardParams router_backward_args(const at::Tensor& d_score_partial, con
   return p;
 }
 
-}  // namespace
-
-namespace {
-
 // router_backward and router_backward_rows: d_logits (T, E) bf16 and, where d_logit_rows is given,
 // d_logits at each (t, k)'s sorted row (fp32).
 at::Tensor launch_router_backward(const at::Tensor& d_score_partial, const at::Tensor& rev_idx,
