@@ -306,11 +306,13 @@ struct RowAddendStoreEpilogue {
   using Tile = typename Base::Tile;
   using Element = typename Base::Element;
   static constexpr int kBoxRowsB = Base::kBoxRowsB;
-  static constexpr int kMaxRows = 128;  // a warpgroup's rows: 64 (cooperative 128 x 256) or 128
+  // A warpgroup's rows: one 64-row half (cooperative 128 x 256) or two (ping-pong 128 x 128, rows
+  // 0 and 64; cooperative 256 x 128, rows 64 w and 64 w + 128: not one range).
+  static constexpr int kMaxRows = 2 * Tile::kHalfRows;
 
   struct alignas(16) SmemTile {
     Element rows[kTileN];    // the tile's columns of addend_rows[e]
-    float scale[kMaxRows];   // addend_scale of the warpgroup's rows, from its first
+    float scale[kMaxRows];   // addend_scale of the warpgroup's rows, half by half
   };
 
   struct Params : Base::Params {
@@ -333,7 +335,8 @@ struct RowAddendStoreEpilogue {
     constexpr int kRows = Tile::kHalfRows * decltype(cute::size<1>(coords))::value;
     static_assert(kRows <= kMaxRows && kTileN / 8 <= 128, "one copy a thread");
     if (thread_idx < kRows) {
-      const int row = t.row_start + Tile::half_row(coords, 0) + thread_idx;
+      const int h = thread_idx / Tile::kHalfRows;
+      const int row = t.row_start + Tile::half_row(coords, h) + thread_idx % Tile::kHalfRows;
       const bool ok = row < p.m_total;
       cp_async_4_zfill(&s.scale[thread_idx], ok ? p.addend_scale + row : p.addend_scale, ok);
     }
@@ -359,14 +362,14 @@ struct RowAddendStoreEpilogue {
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < kGroups; ++g)
       rows[g] = *reinterpret_cast<const uint32_t*>(&s.rows[get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)))]);
-    const int row0 = Tile::half_row(coords, 0);
     float scale[kHalves][2];
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < kHalves; ++h) {
+      const int half_row = Tile::half_row(coords, h);
       CUTLASS_PRAGMA_UNROLL
       for (int v1 = 0; v1 < 2; ++v1) {
         const int r = get<0>(coords(make_coord(make_coord(0, v1, 0), h, 0)));
-        scale[h][v1] = s.scale[r - row0];
+        scale[h][v1] = s.scale[h * Tile::kHalfRows + r - half_row];
       }
     }
     Tile::sync(barrier_id);  // every read is done before the next tile's copies
