@@ -63,10 +63,11 @@ for partial in (False, True):
     d_h, a_scaled, d_s = down_proj_grad(d_out, w2, h, torch.rand(g.shape[0], device="cuda"), off, g,
                                         partial_rows=partial, tile_config=C2X1)
     dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=C2X1)
-    # K6 with the addend, clustered and not (the layer above ran it on ping-pong)
+    # K6 with the addend on the tiles the layer above did not run (it took ping-pong)
     scale, rows_e = torch.randn(g.shape[0], device="cuda"), torch.randn(E, d, device="cuda").bfloat16()
     dx_rows_addend = [grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=tile, addend_scale=scale,
-                                      addend_rows=rows_e) for tile in (C2X1, "varlen_cooperative_128x256x64")]
+                                      addend_rows=rows_e)
+                      for tile in (C2X1, "varlen_cooperative_128x256x64", "varlen_cooperative_256x128x64")]
     # K5 / K7 clustered: dW2's m blocks run over d = 256 (one pair), dW1's over x's width, 256 and
     # 384 (3 m blocks: an odd count, the last pair's second tile past the output).
     dw2 = sonicmoe.weight_grad(d_out, a_scaled, off, g, True, partial_rows=partial, tile_config=C2X1)
@@ -78,5 +79,5 @@ for partial in (False, True):
     norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows, *dx_rows_addend)]
     norms += [t.float().norm().item() for t in (dw2, dw1, dw1_odd)]
     print("c2x1", "partial_rows" if partial else "exact rows",
-          "h, a, y, d_h, a', dS, dx~, dx~ + addend (c2x1, co), dw2, dw1, dw1 (odd) norms:",
+          "h, a, y, d_h, a', dS, dx~, dx~ + addend (c2x1, co 128x256, co 256x128), dw2, dw1, dw1 (odd) norms:",
           " ".join(f"{v:.4g}" for v in norms))
