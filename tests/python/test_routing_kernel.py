@@ -283,7 +283,7 @@ def test_router_backward_rows_matches_torch(routing, T, E, K, slots):
                                                                routing))
     assert rows.shape == (T * K,) and rows.dtype == torch.float32
     d_scores = d_score_partial.double().sum(1)[rev_idx.long()]
-    want = router_scores_backward(None, scores.double(), experts, d_scores, routing, num_experts=E)
+    want = router_scores_backward(None, scores.double(), experts, d_scores, routing, num_experts=E).double()
     want_rows = torch.empty(T * K, dtype=torch.float64, device="cuda")
     want_rows[rev_idx.reshape(-1).long()] = want.gather(1, experts.long()).reshape(-1)
     err = (rows.double() - want_rows).abs()
