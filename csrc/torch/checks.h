@@ -78,8 +78,19 @@ inline void check_aligned16(const char* op, const at::Tensor& t, const char* nam
             std::to_string(addr), "must be 16-byte aligned (TMA); a sliced view may not be");
 }
 
-// Every tensor on the CUDA device of the first one (after all other checks, so CPU tests reach
-// those first).
+// The device must be one this build has kernels for: every kernel is compiled for sm_90a only
+// (CMakeLists.txt), and an sm_90a kernel loads on no other GPU.
+inline void check_hopper(const char* op, const at::Tensor& t, const std::string& name) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()));
+  check_arg(major == 9 && minor == 0, op, name + ".device",
+            t.device().str() + " (sm_" + std::to_string(major) + std::to_string(minor) + ")",
+            "must be a Hopper GPU (sm_90: H100, H200); this build has sm_90a kernels only");
+}
+
+// Every tensor on the CUDA device of the first one, a Hopper GPU (after all other checks, so CPU
+// tests reach those first).
 inline void check_same_cuda_device(
     const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors) {
   const at::Tensor& first = *tensors.begin()->first;
@@ -91,18 +102,13 @@ inline void check_same_cuda_device(
               t->device().str(), "must be the device of " + first_name + " (" +
                                      first.device().str() + ")");
   }
+  check_hopper(op, first, first_name);
 }
 
-// The SM count of t's device, after checking it is a Hopper GPU (the only kernels built).
-inline int hopper_sm_count(const char* op, const at::Tensor& t) {
-  const int device = t.get_device();
-  int major = 0, minor = 0, sm_count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  TORCH_CHECK(major == 9 && minor == 0, std::string(op) + ": device " + t.device().str() + " is sm_" +
-                                            std::to_string(major) + std::to_string(minor) +
-                                            "; this build has Hopper (sm_90a) kernels only");
+// The SM count of t's device (a Hopper GPU: check_same_cuda_device has checked it).
+inline int device_sm_count(const at::Tensor& t) {
+  int sm_count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, t.get_device()));
   return sm_count;
 }
 

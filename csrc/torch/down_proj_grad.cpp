@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
   p.d_h = d_h.data_ptr();
   p.a_scaled = a_scaled.data_ptr();
   p.d_score_partial = d_score_partial.data_ptr<float>();
-  p.sm_count = hopper_sm_count(kOp, d_out);
+  p.sm_count = device_sm_count(d_out);
   p.stream = c10::cuda::getCurrentCUDAStream(d_out.get_device()).stream();
   const Status status = run_down_proj_grad(p);
   TORCH_CHECK(status.ok(), status.message);

@@ -106,7 +106,7 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
     p.addend_scale = addend_scale->data_ptr<float>();
     p.addend_rows = addend_rows->data_ptr();
   }
-  p.sm_count = hopper_sm_count(kOp, a);
+  p.sm_count = device_sm_count(a);
   p.stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
   p.workspace_bytes = grouped_gemm_workspace_size(p.num_experts, p.sm_count);
   at::Tensor workspace =

@@ -79,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
   p.gather_idx = gather_idx.data_ptr<int32_t>();
   p.h = keep_h ? h.data_ptr() : nullptr;
   p.a = a.data_ptr();
-  p.sm_count = hopper_sm_count(kOp, x);
+  p.sm_count = device_sm_count(x);
   p.partial_rows = partial_rows;
   p.config = static_cast<GemmTileConfig>(tile_config);
   p.stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();

@@ -72,7 +72,7 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
   check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
   check_devices(a, b, expert_offsets, gather_idx);
   const c10::cuda::CUDAGuard guard(a.device());
-  const int device_sms = hopper_sm_count(kOp, a);
+  const int device_sms = device_sm_count(a);
   check_arg(sm_margin < device_sms, kOp, "sm_margin", text(sm_margin),
             "must be below the device's " + std::to_string(device_sms) + " SMs (the grid needs one)");
   WeightGradParams p = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);

@@ -74,6 +74,25 @@ def _token_rows(x, d):
     return _kernel_rows(x.reshape(-1, d))
 
 
+# The compute capabilities this build has kernels for: CMakeLists.txt compiles every kernel for
+# sm_90a only, and an sm_90a kernel loads on no other GPU. The ops check the same in C++
+# (csrc/torch/checks.h); checking here too refuses before the layer launches anything.
+_KERNEL_CAPABILITIES = ((9, 0),)
+_devices_checked = set()
+
+
+def _check_kernel_device(device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index in _devices_checked:
+        return
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) not in _KERNEL_CAPABILITIES:
+        raise ValueError(f"x.device = {device} (sm_{major}{minor}) breaks the rule: must be a Hopper GPU "
+                         "(sm_90: H100, H200); this build has sm_90a kernels only (Blackwell is not "
+                         "supported yet)")
+    _devices_checked.add(index)
+
+
 def _kernel_path(x, w1, w2) -> bool:
     """True for the CUDA kernels, False for the CPU reference; raises where neither applies."""
     if x.device.type not in _ops.KERNEL_DEVICE_TYPES:
@@ -82,6 +101,8 @@ def _kernel_path(x, w1, w2) -> bool:
         raise ValueError(f"x.device = {x.device} breaks the rule: must be cuda or cpu")
     if not extension_available():
         raise RuntimeError("sonicmoe._C is not built; build it with `python setup.py build_ext --inplace`")
+    if x.device.type == "cuda" and not torch.compiler.is_compiling():  # compiled calls: the ops check
+        _check_kernel_device(x.device)
     for name, t in (("x", x), ("w1", w1), ("w2", w2)):
         if t.dtype != torch.bfloat16:
             raise ValueError(f"{name}.dtype = {t.dtype} breaks the rule: must be torch.bfloat16 "

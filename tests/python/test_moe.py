@@ -191,6 +191,20 @@ def test_cuda_autocast_must_be_bfloat16(monkeypatch):
         sonicmoe.functional._autocast_inputs(x)
 
 
+def test_a_gpu_other_than_hopper_is_refused_before_any_launch(monkeypatch):
+    # The kernels are sm_90a only: an A100 (sm_80) or a Blackwell (sm_100) is refused by name, and
+    # a Hopper passes (stand-in capabilities: this machine may have no GPU).
+    capability = {0: (8, 0), 1: (10, 0), 2: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
+    monkeypatch.setattr(sonicmoe.functional, "_devices_checked", set())
+    for index, sm in ((0, "sm_80"), (1, "sm_100")):
+        with pytest.raises(ValueError, match=re.escape(f"x.device = cuda:{index} ({sm}) breaks the rule: must "
+                                                       "be a Hopper GPU (sm_90: H100, H200)")):
+            sonicmoe.functional._check_kernel_device(torch.device("cuda", index))
+    sonicmoe.functional._check_kernel_device(torch.device("cuda", 2))
+    assert sonicmoe.functional._devices_checked == {2}
+
+
 # ------------------------------------------------------------------ GPU
 
 def check_routed(T, d, n, E, K, key, experts=None, grads=True):
