@@ -119,8 +119,11 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 }
 
 at::Tensor run_on_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                      int64_t tile_config, WeightLayout layout, bool partial_rows) {
+                      int64_t tile_config, WeightLayout layout, bool partial_rows,
+                      const std::optional<at::Tensor>& addend_scale = std::nullopt,
+                      const std::optional<at::Tensor>& addend_rows = std::nullopt) {
   check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
+  check_addend_args(a, b, addend_scale, addend_rows);  // after b's shape is known to be 3-D
   // Raises: a is on the CPU.
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   return {};
@@ -147,8 +150,7 @@ at::Tensor grouped_gemm_kn_cuda(const at::Tensor& a, const at::Tensor& b, const 
 at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                                bool partial_rows, int64_t tile_config, const std::optional<at::Tensor>& addend_scale,
                                const std::optional<at::Tensor>& addend_rows) {
-  check_addend_args(a, b, addend_scale, addend_rows);
-  return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kKN, partial_rows);
+  return run_on_cpu(a, b, expert_offsets, tile_config, WeightLayout::kKN, partial_rows, addend_scale, addend_rows);
 }
 
 }  // namespace sonicmoe::torch_ops

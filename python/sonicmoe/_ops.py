@@ -302,6 +302,8 @@ if _C is not None:
                               addend_rows=None):
         torch._check(a.dim() == 2 and b.dim() == 3, lambda: "grouped_gemm_kn: a must be 2-D, b 3-D")
         torch._check(a.shape[1] == b.shape[1], lambda: "grouped_gemm_kn: a.shape[1] != b.shape[1]")
+        torch._check((addend_scale is None) == (addend_rows is None),
+                     lambda: "grouped_gemm_kn: addend_scale and addend_rows come both or neither")
         return a.new_empty((a.shape[0], b.shape[2]))
 
     @torch.library.register_fake("sonicmoe::rounding_probs")

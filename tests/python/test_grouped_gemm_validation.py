@@ -121,6 +121,14 @@ def test_grouped_gemm_kn_rejects_a_bad_addend(name, mutate, message):
         torch.ops.sonicmoe.grouped_gemm_kn(a, b, offs, False, 0, *mutate(scale, rows))
 
 
+def test_grouped_gemm_kn_checks_b_before_the_addend():
+    # The addend's rules read b's shape, so b's own rule is reported first (a 2-D b used to raise
+    # an index error from the addend's check).
+    a, b, offs, scale, rows = valid_kn_addend()
+    with pytest.raises(ValueError, match=re.escape("grouped_gemm: b.shape = [4, 64] breaks the rule: must be 3-D")):
+        torch.ops.sonicmoe.grouped_gemm_kn(a, b[:, :, 0].contiguous(), offs, False, 0, scale, rows)
+
+
 def test_grouped_gemm_kn_addend_fake_shape_without_a_gpu():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
