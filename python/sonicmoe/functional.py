@@ -25,7 +25,7 @@ from . import _ops, reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, combine_dx, device_routing_metadata,
                    down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_backward,
                    router_backward_rows, router_topk, up_proj, weight_grad)
-from .routing import (dense_routing_metadata_expert_major, dense_row_bound, scores_from_logits,
+from .routing import (dense_routing_metadata_expert_major, dense_row_bound, routing_metadata, scores_from_logits,
                       token_rounding_expert_major)
 
 __all__ = ["moe", "moe_routed"]
@@ -91,6 +91,13 @@ def _check_kernel_device(device):
                          "(sm_90: H100, H200); this build has sm_90a kernels only (Blackwell is not "
                          "supported yet)")
     _devices_checked.add(index)
+
+
+def _check_kernel_top_k(name, top_k):
+    """The top-K layer's combines (K3, K8) hold a token's K pairs in one warp's lanes."""
+    if top_k > ROUTER_MAX_TOP_K:
+        raise ValueError(f"{name} = {top_k} breaks the rule: must be <= {ROUTER_MAX_TOP_K} on the kernels (one "
+                         "warp's lanes hold a token's top-K pairs); token rounding takes any top_k")
 
 
 def _kernel_path(x, w1, w2) -> bool:
@@ -280,7 +287,10 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
 def _routed_forward(x, w1, w2, scores, experts, keep_h):
     """R's metadata, K1, K2, K3 for (T, K) routing. Returns the output, H (None unless kept) and
     the metadata (expert_offsets, gather_idx, rev_idx)."""
-    meta = device_routing_metadata(experts, w2.shape[0])
+    E = w2.shape[0]
+    # R's layout kernels count experts in shared memory, up to ROUTER_MAX_EXPERTS; past that the
+    # same layout by torch ops (no host sync either).
+    meta = device_routing_metadata(experts, E) if E <= ROUTER_MAX_EXPERTS else routing_metadata(experts, E)
     h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h)
     y = grouped_gemm(a, w2, meta.expert_offsets)
     return combine(y, scores, meta.rev_idx), (h if keep_h else None), meta
@@ -472,6 +482,7 @@ def moe_routed(x, w1, w2, scores, experts):
     x = _token_rows(x, x.shape[-1])
     if not _kernel_path(x, w1, w2):
         return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
+    _check_kernel_top_k("experts.shape[1]", experts.shape[1])
     return _MoEExperts.apply(x, w1, w2, scores.float(), experts, _grad_enabled_for(x, w1, w2, scores))
 
 
@@ -517,6 +528,8 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
             keep_h = _grad_enabled_for(x2, router_weight, w1, w2)
             outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits)
             return result(*outs) if return_router_logits else result(outs, None)
+    if on_kernels(x2):  # before the router's GEMM
+        _check_kernel_top_k("top_k", top_k)
     logits = F.linear(x2, router_weight)
     scores, experts = scores_from_logits(logits.float(), top_k, routing)
     return result(moe_routed(x2, w1, w2, scores, experts), logits)

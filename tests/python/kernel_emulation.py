@@ -141,7 +141,17 @@ def router_backward_rows(d_score_partial, rev_idx, scores, experts, num_experts,
     return d_logits.bfloat16(), d_logit_rows
 
 
+def _check_rule(ok, op, name, value, rule):
+    """The ops' host rules the layer may meet (csrc/kernels: routing.cu, combine.cu), with their words."""
+    if not ok:
+        raise ValueError(f"{op}: {name} = {value} breaks the rule: {rule}")
+
+
 def routing_metadata(experts, num_experts):
+    _check_rule(1 <= num_experts <= _ops.ROUTER_MAX_EXPERTS, "routing_metadata", "num_experts", num_experts,
+                f"must be in [1, {_ops.ROUTER_MAX_EXPERTS}]")
+    _check_rule(1 <= experts.shape[1] <= _ops.ROUTER_MAX_TOP_K, "routing_metadata", "top_k", experts.shape[1],
+                f"must be in [1, {_ops.ROUTER_MAX_TOP_K}]")
     return tuple(routing.routing_metadata(experts, num_experts))
 
 
@@ -157,11 +167,17 @@ def dense_layout(assigned_t, scores_t, row_bound):
     return tuple(routing.dense_routing_metadata_by_torch(scores_t, assigned_t, row_bound))
 
 
+def _check_combine_top_k(op, rev_idx):
+    _check_rule(1 <= rev_idx.shape[1] <= 32, op, "top_k", rev_idx.shape[1], "must be in [1, 32]")
+
+
 def combine(y, scores, rev_idx):
+    _check_combine_top_k("combine", rev_idx)
     return (scores.float().unsqueeze(-1) * y[rev_idx.long()].float()).sum(dim=1).bfloat16()
 
 
 def combine_dx(dx_rows, rev_idx, addend=None):
+    _check_combine_top_k("combine_dx", rev_idx)
     dx = dx_rows[rev_idx.long()].float().sum(dim=1)
     return (dx if addend is None else dx + addend.float()).bfloat16()
 

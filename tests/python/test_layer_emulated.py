@@ -5,6 +5,7 @@ metadata and buffers they pass between ops (token rounding's upper-bound ones in
 they save for backward and the ops' fakes under torch.compile. The kernels themselves are tested
 against the same reference on the GPU (test_moe.py and the per-kernel tests)."""
 
+import re
 import weakref
 
 import pytest
@@ -395,12 +396,40 @@ def test_torch_compile_dynamic_tokens_one_graph(kernels, routing):
         torch._dynamo.reset()
 
 
+def test_top_k_past_the_combines_limit_is_refused_before_any_op(kernels, monkeypatch):
+    # K3 / K8 hold a token's pairs in one warp: the top-K layer refuses top_k > 32 by rule before
+    # the router's GEMM or any op; moe_routed refuses 33 experts a token the same way.
+    T, d, n, E, K = 8, 32, 32, 40, 33
+    x, router, w1, w2 = layer_leaves(T, d, n, E, "emulated-top-k-33")
+    ran = []
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: ran.append("linear"))
+    with pytest.raises(ValueError, match=re.escape("top_k = 33 breaks the rule: must be <= 32 on the kernels")):
+        sonicmoe.moe(x, router, w1, w2, K, routing="softmax_topk_norm")
+    monkeypatch.undo()
+    assert ran == []
+    scores, experts = torch.rand(T, K), torch.randint(0, E, (T, K))
+    with pytest.raises(ValueError, match=re.escape("experts.shape[1] = 33 breaks the rule: must be <= 32")):
+        sonicmoe.moe_routed(x, w1, w2, scores, experts)
+
+
+def test_token_rounding_takes_a_top_k_past_32(kernels):
+    # Token rounding combines by token_offsets (combine_csr), so top_k has no kernel limit there.
+    T, d, n, E, K = 16, 32, 32, 40, 33
+    x, router, w1, w2 = layer_leaves(T, d, n, E, "emulated-rounding-top-k-33")
+    out = sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding", tile=8)
+    assert made_by(out, "_MoEDenseExperts") and torch.isfinite(out).all()
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (x, router, w1, w2))
+
+
 @pytest.mark.parametrize("routing", ["softmax_topk_norm", "token_rounding"])
 def test_more_experts_than_the_routing_kernels_take(kernels, routing):
     # E past R's limit (ROUTER_MAX_EXPERTS): top-K scores come from torch and go through
     # moe_routed; token rounding's assignment and sorted layout are built by torch ops, its expert
-    # MLPs still run on the (emulated) kernels over upper-bound buffers. On the GPU no test reaches
-    # this path (their E stays <= 256).
+    # MLPs still run on the (emulated) kernels over upper-bound buffers. The emulated routing_metadata
+    # refuses E past the limit as the op does, so the layer's own layout must take over (before
+    # session 44 it did not: the real op would have refused). test_moe.py runs the top-K case on
+    # the GPU.
     E = sonicmoe._ops.ROUTER_MAX_EXPERTS + 8
     T, d, n, K, tile = 96, 32, 32, 2, 8
     leaves = layer_leaves(T, d, n, E, "emulated-many-experts", routing)

@@ -238,6 +238,13 @@ def test_moe_routed_forward_backward(T, E, K):
 
 
 @requires_hopper
+def test_more_experts_than_the_routing_kernels_take_on_the_gpu():
+    # Past R's ROUTER_MAX_EXPERTS the sorted layout is built by torch ops (routing_metadata); the
+    # expert kernels have no such limit (most of the 1032 experts get no row here).
+    check_routed(300, 128, 64, sonicmoe._ops.ROUTER_MAX_EXPERTS + 8, 4, ("routed-many-experts",))
+
+
+@requires_hopper
 def test_skewed_routing_hot_expert_and_empty_ones():
     T, E, K = 600, 16, 2
     experts = torch.zeros(T, K, dtype=torch.long, device="cuda")
