@@ -528,7 +528,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
             keep_h = _grad_enabled_for(x2, router_weight, w1, w2)
             outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits)
             return result(*outs) if return_router_logits else result(outs, None)
-    if on_kernels(x2):  # before the router's GEMM
+    if _kernel_path(x2, w1, w2):  # its rules and top_k's before the router's GEMM
         _check_kernel_top_k("top_k", top_k)
     logits = F.linear(x2, router_weight)
     scores, experts = scores_from_logits(logits.float(), top_k, routing)
