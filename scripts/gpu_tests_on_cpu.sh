@@ -2,10 +2,11 @@
 # Runs GPU tests on the CPU emulation of the ops (tests/python/kernel_emulation.py), for a machine
 # with no GPU lent: a copy of tests/python in tests/on_cpu/ with "cuda" read as "cpu", the Hopper
 # skip off and every sonicmoe op emulated. It checks a GPU test's own code (its inputs, its
-# reference, its asserts) before the device runs it; it says nothing of a kernel. Run the tests
-# you mean (-k): the copy fails where a test is about CPU tensors (the ops' argument rejections,
-# whose CPU dispatch the emulation takes over; the reference on CPU tensors) or calls torch.cuda,
-# and the suite's largest shapes are slow on the emulation. Pass pytest's arguments:
+# reference, its asserts) before the device runs it; it says nothing of a kernel. Each emulated
+# op runs the real op's argument checks first, so the ops' rejection tests pass in the copy but
+# for their "must be a CUDA device" cases. Run the tests you mean (-k): the copy fails where a
+# test is about CPU tensors (those device cases; the reference on CPU tensors) or calls
+# torch.cuda, and the suite's largest shapes are slow on the emulation. Pass pytest's arguments:
 #
 #   bash scripts/gpu_tests_on_cpu.sh test_routing_kernel.py -k router_backward_rows_matches
 set -euo pipefail

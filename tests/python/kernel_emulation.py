@@ -2,8 +2,10 @@
 machine without a GPU (CI): the autograd Functions of sonicmoe.functional, the metadata they pass
 between ops, the dense (token rounding) buffers, the fakes under torch.compile.
 
-Each op follows its kernel's contract (csrc/sonicmoe.h, the docstrings of sonicmoe._ops), not
-its implementation: the same shapes and dtypes, H in the kernels' column order, the same fp32
+Each op first runs the real op's argument checks (its C++ CPU kernel checks every rule an op
+checks before a launch, then refuses the device), so an argument the op would refuse on the GPU
+fails here too. Then it follows its kernel's contract (csrc/sonicmoe.h, the docstrings of
+sonicmoe._ops), not its implementation: the same shapes and dtypes, H in the kernels' column order, the same fp32
 accumulation, and rows the kernel does not write (past expert_offsets[E] with partial_rows) as
 NaN, so a consumer that reads them shows it. What it cannot show is a kernel's own bug: the
 kernels are tested on the GPU.
@@ -18,6 +20,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 from sonicmoe import _ops, reference, routing
 from sonicmoe.functional import router_scores_backward
@@ -141,17 +144,7 @@ def router_backward_rows(d_score_partial, rev_idx, scores, experts, num_experts,
     return d_logits.bfloat16(), d_logit_rows
 
 
-def _check_rule(ok, op, name, value, rule):
-    """The ops' host rules the layer may meet (csrc/kernels: routing.cu, combine.cu), with their words."""
-    if not ok:
-        raise ValueError(f"{op}: {name} = {value} breaks the rule: {rule}")
-
-
 def routing_metadata(experts, num_experts):
-    _check_rule(1 <= num_experts <= _ops.ROUTER_MAX_EXPERTS, "routing_metadata", "num_experts", num_experts,
-                f"must be in [1, {_ops.ROUTER_MAX_EXPERTS}]")
-    _check_rule(1 <= experts.shape[1] <= _ops.ROUTER_MAX_TOP_K, "routing_metadata", "top_k", experts.shape[1],
-                f"must be in [1, {_ops.ROUTER_MAX_TOP_K}]")
     return tuple(routing.routing_metadata(experts, num_experts))
 
 
@@ -167,17 +160,11 @@ def dense_layout(assigned_t, scores_t, row_bound):
     return tuple(routing.dense_routing_metadata_by_torch(scores_t, assigned_t, row_bound))
 
 
-def _check_combine_top_k(op, rev_idx):
-    _check_rule(1 <= rev_idx.shape[1] <= 32, op, "top_k", rev_idx.shape[1], "must be in [1, 32]")
-
-
 def combine(y, scores, rev_idx):
-    _check_combine_top_k("combine", rev_idx)
     return (scores.float().unsqueeze(-1) * y[rev_idx.long()].float()).sum(dim=1).bfloat16()
 
 
 def combine_dx(dx_rows, rev_idx, addend=None):
-    _check_combine_top_k("combine_dx", rev_idx)
     dx = dx_rows[rev_idx.long()].float().sum(dim=1)
     return (dx if addend is None else dx + addend.float()).bfloat16()
 
@@ -196,15 +183,41 @@ OPS = {f.__name__: f for f in (grouped_gemm, grouped_gemm_kn, up_proj, down_proj
                                 combine_csr, combine_dx, router_backward, router_backward_rows)}
 
 
+def _checked(name, emulate):
+    """The op's own host rules, then its emulation: the real op's CPU kernel (csrc/torch) runs
+    every argument check an op makes before a launch and then refuses the device, so an argument
+    the real op would refuse fails here as it would on the GPU. Fake and functional tensors
+    (torch.compile's tracing) go on below autograd, to the ops' fakes."""
+    op = getattr(torch.ops.sonicmoe, name).default
+
+    def run(*args, **kwargs):
+        traced = any(isinstance(a, torch.Tensor) and is_fake(a) for a in (*args, *kwargs.values()))
+        with torch._C._AutoDispatchBelowAutograd():
+            if traced:
+                return op(*args, **kwargs)
+            try:
+                op(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001: the rules raise ValueError, TypeError or RuntimeError
+                if "must be a CUDA device" not in str(e):
+                    raise
+            else:
+                raise AssertionError(f"{name}'s CPU kernel returned: it should refuse CPU tensors")
+        return emulate(*args, **kwargs)
+
+    return run
+
+
 @contextlib.contextmanager
 def emulated_kernels():
-    """CPU tensors take the kernel path, with the ops above for CPU; restores both on exit."""
+    """CPU tensors take the kernel path, with the ops above for CPU after each op's own argument
+    checks (_checked); restores both on exit. The emulation sits on the AutogradCPU key, above
+    the ops' C++ CPU kernels, which it calls for their checks."""
     if not _ops.extension_available():
         raise RuntimeError("emulated_kernels needs sonicmoe._C built: the ops' schemas and fakes live there")
     lib = torch.library.Library("sonicmoe", "IMPL")
     try:
         for name, fn in OPS.items():
-            lib.impl(name, fn, "CPU")
+            lib.impl(name, _checked(name, fn), "AutogradCPU")
         _ops.KERNEL_DEVICE_TYPES.add("cpu")
         yield
     finally:
