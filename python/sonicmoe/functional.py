@@ -63,7 +63,7 @@ def _kernel_rows(t):
     (a transposed or sliced view); its gradient flows back to t."""
     if not t.is_contiguous():
         return t.contiguous()
-    if (t.is_cuda and t.numel() and not torch.compiler.is_compiling()
+    if (t.device.type in _ops.KERNEL_DEVICE_TYPES and t.numel() and not torch.compiler.is_compiling()
             and t.data_ptr() % 16):  # Inductor copies its misaligned inputs itself
         return t.clone()
     return t
@@ -93,11 +93,15 @@ def _check_kernel_device(device):
     _devices_checked.add(index)
 
 
-def _check_kernel_top_k(name, top_k):
-    """The top-K layer's combines (K3, K8) hold a token's K pairs in one warp's lanes."""
+def _check_kernel_top_k(name, top_k, num_tokens):
+    """The top-K layer's combines (K3, K8) hold a token's K pairs in one warp's lanes, and every
+    kernel indexes the T·K sorted rows in int32."""
     if top_k > ROUTER_MAX_TOP_K:
         raise ValueError(f"{name} = {top_k} breaks the rule: must be <= {ROUTER_MAX_TOP_K} on the kernels (one "
                          "warp's lanes hold a token's top-K pairs); token rounding takes any top_k")
+    if num_tokens * top_k > 2**31 - 1:
+        raise ValueError(f"T * top_k = {num_tokens * top_k} breaks the rule: must be <= 2^31 - 1 (the kernels' "
+                         "int32 row indices)")
 
 
 def _kernel_path(x, w1, w2) -> bool:
@@ -120,10 +124,13 @@ def _kernel_path(x, w1, w2) -> bool:
         if not t.is_contiguous():
             raise ValueError(f"{name}.stride() = {t.stride()} breaks the rule: must be contiguous "
                              "(the layout of DESIGN §2); call .contiguous() once, not per step")
+        if t.numel() and not torch.compiler.is_compiling() and t.data_ptr() % 16:
+            raise ValueError(f"{name}.data_ptr() = {t.data_ptr()} breaks the rule: must be 16-byte aligned "
+                             "(TMA; a view into a flat buffer may not be); copy it once, not per step")
     d, n = x.shape[1], w2.shape[2]
     for name, v in (("d", d), ("n", n)):
-        if v % 8:
-            raise ValueError(f"{name} = {v} breaks the rule: must be a multiple of 8 (16-byte rows)")
+        if v <= 0 or v % 8:
+            raise ValueError(f"{name} = {v} breaks the rule: must be a positive multiple of 8 (16-byte rows)")
     return True
 
 
@@ -225,7 +232,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     adds to its rows (grouped_gemm_kn), computed between K4 and K6 (the top-K layer's router part).
     Returns (dw1, dw2, what tail returned)."""
     need_x, need_w1, need_w2, need_scores = needs
-    d_out = grad_out.to(torch.bfloat16).contiguous()
+    d_out = _kernel_rows(grad_out.to(torch.bfloat16))  # a grad may be a view at any offset
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
                                                     partial_rows=partial_rows)
     addend_scale, addend_rows = k6_addend(d_score_partial) if need_x and k6_addend is not None else (None, None)
@@ -482,8 +489,13 @@ def moe_routed(x, w1, w2, scores, experts):
     x = _token_rows(x, x.shape[-1])
     if not _kernel_path(x, w1, w2):
         return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
-    _check_kernel_top_k("experts.shape[1]", experts.shape[1])
-    return _MoEExperts.apply(x, w1, w2, scores.float(), experts, _grad_enabled_for(x, w1, w2, scores))
+    _check_kernel_top_k("experts.shape[1]", experts.shape[1], x.shape[0])
+    # As the ops take them (routing_metadata: int32 / int64 rows; combine: contiguous fp32 scores);
+    # a sorted or sliced router's output is often a strided view.
+    if experts.dtype not in (torch.int32, torch.int64):
+        experts = experts.to(torch.int32)
+    return _MoEExperts.apply(x, w1, w2, scores.float().contiguous(), experts.contiguous(),
+                             _grad_enabled_for(x, w1, w2, scores))
 
 
 def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, rule="nearest",
@@ -512,7 +524,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         return (out.reshape(x.shape), logits) if return_router_logits else out.reshape(x.shape)
 
     if routing == "token_rounding":
-        if not _kernel_path(x, w1, w2):
+        if not _kernel_path(x.reshape(-1, d), w1, w2):
             out = reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
             return result(out, F.linear(x.reshape(-1, d), router_weight) if return_router_logits else None)
         x2 = _token_rows(x, d)
@@ -529,7 +541,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
             outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits)
             return result(*outs) if return_router_logits else result(outs, None)
     if _kernel_path(x2, w1, w2):  # its rules and top_k's before the router's GEMM
-        _check_kernel_top_k("top_k", top_k)
+        _check_kernel_top_k("top_k", top_k, x2.shape[0])
     logits = F.linear(x2, router_weight)
     scores, experts = scores_from_logits(logits.float(), top_k, routing)
     return result(moe_routed(x2, w1, w2, scores, experts), logits)

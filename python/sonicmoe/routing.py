@@ -145,7 +145,7 @@ def token_rounding_expert_major(
         raise ValueError(f"top_k: expected 1 <= top_k <= E = {E}, got {top_k}")
 
     rule_index = TOKEN_ROUNDING_RULES.index(rule)
-    on_kernels = _on_routing_kernels(logits, E, top_k)
+    on_kernels = _on_routing_kernels(logits, E, top_k) and tile <= _INT32_MAX  # the kernels' int tile
     if on_kernels and (logits.dtype == torch.float32 or fp32_probs):
         # One kernel for the softmax, R's top-K and the expert-major copies (rounding_probs),
         # then one block per expert flips what rounding changes (token_rounding.cu).
@@ -161,7 +161,7 @@ def token_rounding_expert_major(
     probs = logits.softmax(dim=-1)
     if on_kernels:
         # bf16 probabilities of bf16 logits: R's top-K, then token_rounding_assign.
-        top = router_topk(logits.detach(), top_k, "topk_softmax")[1].long()
+        top = router_topk(logits.detach().contiguous(), top_k, "topk_softmax")[1].long()
         chosen_t = torch.zeros(E, T, dtype=torch.bool, device=logits.device).scatter_(0, top.t(), True)
         probs_t = probs.detach().float().t().contiguous()
         assigned_t, _ = token_rounding_assign(probs_t, chosen_t, tile, rule_index)
@@ -196,10 +196,18 @@ class _RoundingProbs(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _fits_routing_kernels(num_tokens, num_experts) -> bool:
+    """R's and token rounding's kernels: E <= ROUTER_MAX_EXPERTS, and (T, E) indexed in int32."""
+    return num_experts <= ROUTER_MAX_EXPERTS and num_tokens * num_experts <= _INT32_MAX
+
+
 def _on_routing_kernels(logits, num_experts, top_k) -> bool:
     """CUDA logits that R's kernels take (router_topk, token_rounding_assign, dense_layout)."""
     return (on_kernels(logits) and logits.dtype in (torch.float32, torch.bfloat16)
-            and num_experts <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K)
+            and _fits_routing_kernels(logits.shape[0], num_experts) and top_k <= ROUTER_MAX_TOP_K)
 
 
 def _rounded_counts(counts, num_tokens, tile, rule):
@@ -292,8 +300,10 @@ def dense_routing_metadata_expert_major(scores_t: torch.Tensor, assigned_t: torc
                                         row_bound: int) -> DenseRoutingMetadata:
     """dense_routing_metadata from expert-major (E, T) scores and assignment (the kernels' layout,
     so no transpose is made when they are contiguous)."""
-    E = assigned_t.shape[0]
-    if on_kernels(assigned_t) and E <= ROUTER_MAX_EXPERTS:  # token_rounding.cu
+    E, T = assigned_t.shape
+    if assigned_t.dtype != torch.bool:  # the kernels' mask type; any 0 / 1 mask means the same
+        assigned_t = assigned_t.bool()
+    if on_kernels(assigned_t) and _fits_routing_kernels(T, E):  # token_rounding.cu
         return DenseRoutingMetadata(*dense_layout(assigned_t.contiguous(),
                                                   scores_t.detach().float().contiguous(), row_bound))
     return dense_routing_metadata_by_torch(scores_t, assigned_t, row_bound)

@@ -479,3 +479,75 @@ def test_module_trains_with_token_rounding_and_evaluates_with_top_k(kernels):
         scores = (x64 @ router64.t()).softmax(-1).gather(1, experts)
         want = reference.moe_routed(x64, w1, w2, scores, experts).reshape(x.shape)
     assert rel(evaluated, want) <= 1e-2
+
+
+# ------------------------------------------------------------------ what a caller may hand the layer
+# The emulation runs each op's own argument checks first (kernel_emulation._checked), so an
+# argument the real op would refuse fails here as on the GPU. Each case below is a valid call
+# that once reached an op in a form it refuses.
+
+def test_moe_routed_takes_a_sorted_routers_strided_views_and_narrow_ids(kernels):
+    T, d, n, E, K = 40, 32, 32, 8, 2
+    x, router, w1, w2 = layer_leaves(T, d, n, E, "emulated-strided-routing")
+    probs = F.linear(x, router).float().softmax(-1).detach()
+    sorted_probs, order = probs.sort(-1, descending=True)
+    scores, experts = sorted_probs[:, :K], order[:, :K]  # strided views, as a sorting router gives
+    assert not scores.is_contiguous() and not experts.is_contiguous()
+    want = reference.moe_routed(*(t.detach().double() for t in (x, w1, w2)), scores.double(), experts)
+    for ids in (experts, experts.to(torch.uint8), experts.to(torch.int16)):
+        for s in (scores, scores.t().contiguous().t()):
+            with torch.no_grad():
+                out = sonicmoe.moe_routed(x, w1, w2, s, ids)
+            assert rel(out, want) <= 1e-2, (ids.dtype, s.stride())
+
+
+@pytest.mark.parametrize("routing", ["softmax_topk_norm", "token_rounding", "routed"])
+def test_backward_takes_a_grad_at_any_offset(kernels, routing):
+    # A grad that is a view 2 bytes into a buffer (a narrow or cat's backward): K4 needs 16-byte rows.
+    T, d, n, E, K = 24, 32, 32, 8, 2
+    leaves = layer_leaves(T, d, n, E, "emulated-grad-offset", routing)
+    x, router, w1, w2 = leaves
+    if routing == "routed":
+        scores, experts = F.linear(x, router).float().softmax(-1).topk(K, dim=-1)
+        out = sonicmoe.moe_routed(x, w1, w2, scores, experts)
+    else:
+        out = sonicmoe.moe(x, router, w1, w2, K, routing=routing, tile=8)
+    buf = torch.randn(T * d + 1, generator=generator("cpu", "g-offset", routing)).bfloat16()
+    grad = buf[1:].view(T, d)
+    assert grad.data_ptr() % 16
+    out.backward(grad)
+    assert all(torch.isfinite(t.grad).all() for t in (x, w1, w2))
+
+
+def test_misaligned_or_empty_weights_are_refused_by_rule(kernels):
+    T, d, n, E, K = 16, 32, 32, 4, 2
+    x, router, w1, w2 = layer_leaves(T, d, n, E, "emulated-weight-rules")
+    flat = torch.zeros(w1.numel() + 1, dtype=w1.dtype)
+    w1_view = flat[1:].view(w1.shape)  # contiguous, 2 bytes off 16
+    with pytest.raises(ValueError, match=r"w1.data_ptr\(\) = \d+ breaks the rule: must be 16-byte aligned"):
+        sonicmoe.moe(x, router, w1_view, w2, K)
+    with pytest.raises(ValueError, match=re.escape("n = 0 breaks the rule: must be a positive multiple of 8")):
+        sonicmoe.moe(x, router, w1[:, :0], w2[:, :, :0].contiguous(), K)
+
+
+def test_token_rounding_flattens_leading_dims_of_any_length(kernels):
+    # (batch, seq, d) with seq not a multiple of 8: the rules apply to d, not to seq.
+    T, d, n, E, K = 10, 32, 32, 8, 2
+    x, router, w1, w2 = layer_leaves(T, d, n, E, "emulated-3d-rounding")
+    out = sonicmoe.moe(x.reshape(2, 5, d), router, w1, w2, K, routing="token_rounding", tile=8)
+    flat = sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding", tile=8)
+    assert out.shape == (2, 5, d) and torch.equal(out.reshape(T, d), flat)
+
+
+def test_routing_helpers_take_strided_bf16_logits_and_integer_masks(kernels):
+    T, E, K, tile = 32, 8, 2, 8
+    logits = torch.randn(E, T, generator=generator("cpu", "helpers")).bfloat16().t()  # a transposed view
+    probs, probs_t, assigned_t = sonicmoe.routing.token_rounding_expert_major(logits, K, tile)
+    _, _, want = sonicmoe.routing.token_rounding_expert_major(logits.contiguous(), K, tile)
+    assert torch.equal(assigned_t, want)
+    scores = torch.rand(T, E)
+    assigned = want.t()
+    bound = sonicmoe.routing.dense_row_bound(T, E, K, tile)
+    as_bool = sonicmoe.routing.dense_routing_metadata(scores, assigned, bound)
+    as_uint8 = sonicmoe.routing.dense_routing_metadata(scores, assigned.to(torch.uint8), bound)
+    assert all(torch.equal(a, b) for a, b in zip(as_bool, as_uint8))
