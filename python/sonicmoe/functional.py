@@ -537,6 +537,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         reference._check_expert_weights(x2, w1, w2)
         _check_one_device("x, router_weight, w1, w2", x2, router_weight, w1, w2)
         if _kernel_path(x2, w1, w2):
+            _check_kernel_top_k("top_k", top_k, x2.shape[0])
             keep_h = _grad_enabled_for(x2, router_weight, w1, w2)
             outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits)
             return result(*outs) if return_router_logits else result(outs, None)

@@ -191,6 +191,17 @@ def test_cuda_autocast_must_be_bfloat16(monkeypatch):
         sonicmoe.functional._autocast_inputs(x)
 
 
+def test_the_top_k_kernels_rules():
+    # Checked at the layer's entry (no tensor of 2^31 rows is made here): K3 / K8's warp holds 32
+    # pairs a token, and the sorted rows are int32.
+    check = sonicmoe.functional._check_kernel_top_k
+    check("top_k", 32, 2**26 - 1)
+    with pytest.raises(ValueError, match=re.escape("top_k = 33 breaks the rule: must be <= 32 on the kernels")):
+        check("top_k", 33, 10)
+    with pytest.raises(ValueError, match=re.escape("T * top_k = 2147483648 breaks the rule: must be <= 2^31 - 1")):
+        check("top_k", 8, 2**28)
+
+
 def test_a_gpu_other_than_hopper_is_refused_before_any_launch(monkeypatch):
     # The kernels are sm_90a only: an A100 (sm_80) or a Blackwell (sm_100) is refused by name, and
     # a Hopper passes (stand-in capabilities: this machine may have no GPU).
