@@ -5,10 +5,10 @@ between ops, the dense (token rounding) buffers, the fakes under torch.compile.
 Each op first runs the real op's argument checks (its C++ CPU kernel checks every rule an op
 checks before a launch, then refuses the device), so an argument the op would refuse on the GPU
 fails here too. Then it follows its kernel's contract (csrc/sonicmoe.h, the docstrings of
-sonicmoe._ops), not its implementation: the same shapes and dtypes, H in the kernels' column order, the same fp32
-accumulation, and rows the kernel does not write (past expert_offsets[E] with partial_rows) as
-NaN, so a consumer that reads them shows it. What it cannot show is a kernel's own bug: the
-kernels are tested on the GPU.
+sonicmoe._ops), not its implementation: the same shapes and dtypes, H in the kernels' column
+order, the same fp32 accumulation, and rows the kernel does not write (past expert_offsets[E]
+with partial_rows) as NaN, so a consumer that reads them shows it. What it cannot show is a
+kernel's own bug: the kernels are tested on the GPU.
 
     with emulated_kernels():
         out = sonicmoe.moe(x_cpu_bf16, ...)   # runs _MoELayer with these ops
