@@ -25,8 +25,8 @@ from . import _ops, reference
 from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, combine_dx, device_routing_metadata,
                    down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_backward,
                    router_backward_rows, router_topk, up_proj, weight_grad)
-from .routing import (dense_routing_metadata_expert_major, dense_row_bound, routing_metadata, scores_from_logits,
-                      token_rounding_expert_major)
+from .routing import (_INT32_MAX, dense_routing_metadata_expert_major, dense_row_bound, routing_metadata,
+                      scores_from_logits, token_rounding_expert_major)
 
 __all__ = ["moe", "moe_routed"]
 
@@ -99,7 +99,7 @@ def _check_kernel_top_k(name, top_k, num_tokens):
     if top_k > ROUTER_MAX_TOP_K:
         raise ValueError(f"{name} = {top_k} breaks the rule: must be <= {ROUTER_MAX_TOP_K} on the kernels (one "
                          "warp's lanes hold a token's top-K pairs); token rounding takes any top_k")
-    if num_tokens * top_k > 2**31 - 1:
+    if num_tokens * top_k > _INT32_MAX:
         raise ValueError(f"T * top_k = {num_tokens * top_k} breaks the rule: must be <= 2^31 - 1 (the kernels' "
                          "int32 row indices)")
 
@@ -533,16 +533,15 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         keep_h = _grad_enabled_for(x2, w1, w2, probs)
         return result(_MoEDenseExperts.apply(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h), logits)
     x2 = _token_rows(x, d)
-    if on_kernels(x2) and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K:
+    if on_kernels(x2):
         reference._check_expert_weights(x2, w1, w2)
         _check_one_device("x, router_weight, w1, w2", x2, router_weight, w1, w2)
-        if _kernel_path(x2, w1, w2):
-            _check_kernel_top_k("top_k", top_k, x2.shape[0])
+    if _kernel_path(x2, w1, w2):  # its rules and top_k's before the router's GEMM
+        _check_kernel_top_k("top_k", top_k, x2.shape[0])
+        if E <= ROUTER_MAX_EXPERTS:  # R's kernels; past them the router's top-K in torch, below
             keep_h = _grad_enabled_for(x2, router_weight, w1, w2)
             outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits)
             return result(*outs) if return_router_logits else result(outs, None)
-    if _kernel_path(x2, w1, w2):  # its rules and top_k's before the router's GEMM
-        _check_kernel_top_k("top_k", top_k, x2.shape[0])
     logits = F.linear(x2, router_weight)
     scores, experts = scores_from_logits(logits.float(), top_k, routing)
     return result(moe_routed(x2, w1, w2, scores, experts), logits)
