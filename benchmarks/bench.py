@@ -101,6 +101,22 @@ def cuda_events(fn):
                   key=lambda e: e.time_range.start)
 
 
+def print_backward_kernels(label, step, forward, grad, clear_grads, min_us=5):
+    """One backward's kernels after three warm steps: its span, then each kernel of at least min_us
+    (start from the first, µs; streams overlap, so the sum can pass the span)."""
+    for _ in range(3):
+        step()
+    out = forward()
+    events = cuda_events(lambda: out.backward(grad))
+    t0 = events[0].time_range.start
+    span = max(e.time_range.end for e in events) - t0
+    print(f"  {label}: backward span {span:.0f} µs (start, µs, kernel)", flush=True)
+    for e in events:
+        if e.device_time >= min_us:
+            print(f"    {e.time_range.start - t0:8.0f} {e.device_time:8.0f}  {e.name[:90]}", flush=True)
+    clear_grads()
+
+
 def warm_up_gpu(seconds=1.0):
     """Bring the clocks up before the first measurement (the card idles at a low SM clock)."""
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

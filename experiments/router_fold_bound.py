@@ -14,7 +14,10 @@ Timed as the anchors' protocol, the variants alternating in one process:
   in_k6       the fold as built (session 42): R's backward before K6, whose epilogue adds
               d_logits[t, e] * router_weight[e] (grouped_gemm_kn's addend; _ROUTER_DX_IN_K6 on)
 
-    python experiments/router_fold_bound.py [--rounds 5] [CONFIG ...]
+    python experiments/router_fold_bound.py [--rounds 5] [--trace] [CONFIG ...]
+
+--trace prints one backward's kernels per variant first (R's backward, K6 with and without the
+addend, the tail's kernels), to time the fold's pieces apart.
 """
 import argparse
 import sys
@@ -49,6 +52,7 @@ def backward_without_router_dx(ctx, grad_out, grad_logits=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--trace", action="store_true", help="print one backward's kernels per variant")
     ap.add_argument("configs", nargs="*", default=["olmoe-1b-7b", "paper-30b-n512"])
     args = ap.parse_args()
     _, _, configs = bench.load_anchors()
@@ -65,14 +69,23 @@ def main():
             p.requires_grad_(True)
         grad = torch.randn(T, d, device="cuda").bfloat16()
 
-        def step():
-            sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+        def clear_grads():
             for p in params:
                 p.grad = None
+
+        def step():
+            sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+            clear_grads()
 
         def apply(v):
             backward, functional._ROUTER_DX_IN_K6 = variants[v]
             functional._MoELayer.backward = staticmethod(backward)
+
+        if args.trace:
+            for v in variants:
+                apply(v)
+                bench.print_backward_kernels(f"{name} {v}", step, lambda: sonicmoe.moe(x, router, w1, w2, K), grad,
+                                             clear_grads)
 
         bench.backward_variants_in_turn(name, variants, apply, lambda: sonicmoe.moe(x, router, w1, w2, K), step,
                                         12.0 * T * K * d * n, args.rounds, timer, "base")

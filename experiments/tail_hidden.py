@@ -79,17 +79,8 @@ def main():
         if args.trace:
             for v in variants:
                 variant(variants[v])
-                for _ in range(3):
-                    step()
-                out = sonicmoe.moe(x, router, w1, w2, K)
-                events = bench.cuda_events(lambda: out.backward(grad))
-                t0 = events[0].time_range.start
-                span = max(e.time_range.end for e in events) - t0
-                print(f"  {name} {v}: backward span {span:.0f} µs (start, µs, kernel)", flush=True)
-                for e in events:
-                    if e.device_time >= 5:
-                        print(f"    {e.time_range.start - t0:8.0f} {e.device_time:8.0f}  {e.name[:90]}", flush=True)
-                clear_grads()
+                bench.print_backward_kernels(f"{name} {v}", step, lambda: sonicmoe.moe(x, router, w1, w2, K), grad,
+                                             clear_grads)
 
         bwd_flops = 12.0 * T * K * d * n
         bench.backward_variants_in_turn(name, variants, lambda v: variant(variants[v]),
