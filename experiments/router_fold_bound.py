@@ -17,7 +17,8 @@ Timed as the anchors' protocol, the variants alternating in one process:
     python experiments/router_fold_bound.py [--rounds 5] [--trace] [CONFIG ...]
 
 --trace prints one backward's kernels per variant first (R's backward, K6 with and without the
-addend, the tail's kernels), to time the fold's pieces apart.
+addend, the tail's kernels). One call under the profiler is not steady: it places R's backward
+and times it, but K6's addend moves less than the call-to-call spread (session 47).
 """
 import argparse
 import sys
@@ -73,8 +74,11 @@ def main():
             for p in params:
                 p.grad = None
 
+        def forward():
+            return sonicmoe.moe(x, router, w1, w2, K)
+
         def step():
-            sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+            forward().backward(grad)
             clear_grads()
 
         def apply(v):
@@ -84,10 +88,9 @@ def main():
         if args.trace:
             for v in variants:
                 apply(v)
-                bench.print_backward_kernels(f"{name} {v}", step, lambda: sonicmoe.moe(x, router, w1, w2, K), grad,
-                                             clear_grads)
+                bench.print_backward_kernels(f"{name} {v}", step, forward, grad, clear_grads)
 
-        bench.backward_variants_in_turn(name, variants, apply, lambda: sonicmoe.moe(x, router, w1, w2, K), step,
+        bench.backward_variants_in_turn(name, variants, apply, forward, step,
                                         12.0 * T * K * d * n, args.rounds, timer, "base")
         functional._MoELayer.backward = staticmethod(BASE_BACKWARD)
         functional._ROUTER_DX_IN_K6 = DEFAULT_IN_K6

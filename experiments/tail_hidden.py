@@ -59,15 +59,18 @@ def main():
             for p in params:
                 p.grad = None
 
+        def forward():
+            return sonicmoe.moe(x, router, w1, w2, K)
+
         def step():
-            sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+            forward().backward(grad)
             clear_grads()
 
         if args.check:
             grads = {}
             for v in variants:
                 variant(variants[v])
-                sonicmoe.moe(x, router, w1, w2, K).backward(grad)
+                forward().backward(grad)
                 grads[v] = [p.grad.float() for p in params]
                 clear_grads()
             for v in variants:
@@ -79,12 +82,11 @@ def main():
         if args.trace:
             for v in variants:
                 variant(variants[v])
-                bench.print_backward_kernels(f"{name} {v}", step, lambda: sonicmoe.moe(x, router, w1, w2, K), grad,
-                                             clear_grads)
+                bench.print_backward_kernels(f"{name} {v}", step, forward, grad, clear_grads)
 
         bwd_flops = 12.0 * T * K * d * n
         bench.backward_variants_in_turn(name, variants, lambda v: variant(variants[v]),
-                                        lambda: sonicmoe.moe(x, router, w1, w2, K), step, bwd_flops, args.rounds,
+                                        forward, step, bwd_flops, args.rounds,
                                         timer, "sequential")
         functional._TAIL_SM_MARGIN, functional._TAIL_BESIDE_MIN_N, functional._TAIL_BESIDE_MAX_N = RULE
         del x, router, w1, w2, params, grad
