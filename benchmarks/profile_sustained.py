@@ -34,6 +34,28 @@ def short(name):
     return name[:110]
 
 
+def by_kernel(events):
+    """{(name, k): µs} of one step's kernels: the k-th launch of each kernel name. With the tail on
+    a second stream, a step's kernels in start order interleave differently from step to step, so
+    they are matched by name and occurrence, not by position."""
+    seen, times = {}, {}
+    for e in events:
+        k = seen.get(e.name, 0)
+        seen[e.name] = k + 1
+        times[(e.name, k)] = e.device_time
+    return times
+
+
+def kernel_rows(isolated, sustained_steps):
+    """(isolated µs, sustained median µs, name) for each kernel of the isolated step, in its start
+    order; None if a sustained step launched a different set of kernels."""
+    steps = [by_kernel(events) for events in sustained_steps]
+    iso = by_kernel(isolated)
+    if any(step.keys() != iso.keys() for step in steps):
+        return None
+    return [(t, statistics.median(step[key] for step in steps), key[0]) for key, t in iso.items()]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
@@ -63,14 +85,12 @@ def main():
                 step()
             torch.cuda.synchronize()
         sustained = cuda_events(lambda: [step() for _ in range(args.steps)])
-        if len(sustained) != per_step * args.steps:
+        steps = [sustained[s * per_step:(s + 1) * per_step] for s in range(args.steps)]
+        rows = kernel_rows(isolated, steps) if len(sustained) == per_step * args.steps else None
+        if rows is None:
             print(f"== {name}: {len(sustained)} events in {args.steps} steps, {per_step} in one: "
                   "the steps differ, no per-kernel table")
             continue
-        rows = []
-        for i, e in enumerate(isolated):
-            times = [sustained[s * per_step + i].device_time for s in range(args.steps)]
-            rows.append((e.device_time, statistics.median(times), short(e.name)))
         spans = [sustained[(s + 1) * per_step - 1].time_range.end - sustained[s * per_step].time_range.start
                  for s in range(args.steps - 1)]
         iso_sum, sus_sum = sum(r[0] for r in rows), sum(r[1] for r in rows)
@@ -80,7 +100,7 @@ def main():
               f"{statistics.median(spans) / 1e3:.3f} ms ({flops / statistics.median(spans) / 1e6:.1f} TF fwd+bwd)")  # spans in µs
         print(f"  {'isolated us':>11} {'sustained':>10} {'ratio':>6} {'share':>6}  kernel")
         for iso, sus, kname in rows:
-            print(f"  {iso:11.1f} {sus:10.1f} {sus / iso:6.3f} {sus / sus_sum:6.3f}  {kname}")
+            print(f"  {iso:11.1f} {sus:10.1f} {sus / iso:6.3f} {sus / sus_sum:6.3f}  {short(kname)}")
         del x, router, w1, w2, grad, params
         torch.cuda.empty_cache()
 
