@@ -91,7 +91,8 @@ def main():
             print(f"== {name}: {len(sustained)} events in {args.steps} steps, {per_step} in one: "
                   "the steps differ, no per-kernel table")
             continue
-        spans = [sustained[(s + 1) * per_step - 1].time_range.end - sustained[s * per_step].time_range.start
+        # A step ends with its last kernel to finish: on two streams not always the last to start.
+        spans = [max(e.time_range.end for e in steps[s]) - steps[s][0].time_range.start
                  for s in range(args.steps - 1)]
         iso_sum, sus_sum = sum(r[0] for r in rows), sum(r[1] for r in rows)
         flops = 18.0 * T * K * d * n

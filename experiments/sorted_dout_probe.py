@@ -20,7 +20,7 @@ import bench  # noqa: E402
 from sonicmoe._ops import down_proj_grad, weight_grad  # noqa: E402
 
 DEFAULT = ["olmoe-1b-7b", "paper-30b-n512", "qwen3-30b-a3b"]
-PP, CO = "varlen_pingpong_128x128x64", "varlen_cooperative_128x256x64_c2x1"
+PP = "varlen_pingpong_128x128x64"
 
 
 def main():
