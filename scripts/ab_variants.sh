@@ -77,6 +77,6 @@ for round in $(seq "${ROUNDS:-2}"); do
   for name in "${names[@]}"; do
     cp "$stage/$name.so" "$target"
     echo "== round $round: $name"
-    bash -c "$command"
+    AB_VARIANT=$name bash -c "$command"  # the command may tell the variants apart (e.g. skip a probe's tests)
   done
 done
