@@ -14,7 +14,8 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
 - token_rounding: token rounding against top-K on the two sweeps of DESIGN §6.
 - moe_anchor_protocol: the layer's forward, backward and forward + backward timed the way the
   anchors' upstream figures were (upstream's own benchmark: a do_bench window after 0.5 s idle;
-  ANCHOR_PROTOCOL), beside those figures and the torch._grouped_mm layer timed alike.
+  ANCHOR_PROTOCOL), beside those figures and the torch._grouped_mm layer timed alike, and the
+  card's dense bf16 matmul rate before and after, against the anchors' card's (its speed).
 Prints tables; writes JSON and a PNG plot to --out. With --profile, forward_kernels and
 backward_kernels run each part once after two warm-up calls, between cudaProfilerStart and
 cudaProfilerStop, for a profiler started with collection off (scripts/ncu_parts.sh); their
@@ -435,6 +436,27 @@ def anchor_protocol_timer():
     except ImportError:
         return "flushed_mean_ms", flushed_mean_ms
     return "triton.testing.do_bench", lambda fn, warmup_ms, rep_ms: do_bench(fn, warmup=warmup_ms, rep=rep_ms)
+
+
+def card_matmul_tflops(timer, windows=3, n=8192, device="cuda"):
+    """The card's dense bf16 n x n x n matmul TFLOP/s, the median of `windows` timer windows (200 ms
+    warm-up, 1 s each): the anchors' first ceiling (752 on their card; they do not say how it was
+    timed). Read beside the anchors' protocol, it tells how fast this machine start's card is:
+    H200 starts move the layer's figures by 1-4% (docs/perf-notes.md, sessions 39-48)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    ms = statistics.median(timer(lambda: a @ b, 200.0, 1000.0) for _ in range(windows))
+    return 2.0 * n ** 3 / ms / 1e9
+
+
+def card_speed_line(card, anchor_tflops):
+    """The card's matmul rate before and after the protocol, against the anchors' card."""
+    line = (f"this card: dense bf16 8192^3 matmul {card['before']:.1f} / {card['after']:.1f} TFLOP/s before / "
+            f"after the configs")
+    if anchor_tflops:
+        line += (f"; the anchors' card: {anchor_tflops:g}, this one at {card['before'] / anchor_tflops:.3f} / "
+                 f"{card['after'] / anchor_tflops:.3f} of it")
+    return line
 
 
 def anchor_protocol_ms(fn, timer, idle_s=None):
@@ -975,8 +997,15 @@ def main():
                   "clock, the energy per call, and the backward's (step - forward) energy, also per FLOP)\n")
     if "moe_anchor_protocol" in ops:
         data = args.data or "anchor"
+        _, timer = anchor_protocol_timer()
+        card = {"before": card_matmul_tflops(timer)}
         proto_rows = per_config(names, lambda name: bench_moe_anchor_protocol(
             name, configs[name], anchors["rows"], rounds=args.rounds, data=data), out / "moe_anchor_protocol.json")
+        card["after"] = card_matmul_tflops(timer)
+        anchor_ceiling = anchors.get("ceilings", {}).get("dense_bf16_matmul_8192_tflops")
+        saved = out / "moe_anchor_protocol.json"  # per_config wrote the rows; the card's rates go beside them
+        saved.write_text(json.dumps({"card_matmul_tflops": card, "anchors_matmul_tflops": anchor_ceiling,
+                                     **json.loads(saved.read_text())}, indent=1))
         print(f"{'config':<18}{'fwd':>8}{'up*':>8}{'vs up':>7}{'bwd':>8}{'up*':>8}{'vs up':>7}{'range':>13}"
               f"{'fwd+bwd':>9}{'up*':>8}{'vs up':>7}{'torch fwd':>10}{'bwd':>8}")
         for r in proto_rows:
@@ -995,6 +1024,7 @@ def main():
               f"before each call, after {ANCHOR_PROTOCOL['idle_s']:g} s idle; bwd = 12 T K d n / (t_fwd+bwd - t_fwd); "
               f"data {data}; medians of {args.rounds} rounds, range = bwd / up* over the rounds; "
               f"*upstream SonicMoE from shared/anchors; {COMPILED_MARK}: its torch.compile'd layer)\n")
+        print(card_speed_line(card, anchor_ceiling) + "\n")
     if "grouped_gemm" not in ops:
         return
     rows = []

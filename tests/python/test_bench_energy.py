@@ -146,3 +146,22 @@ def test_anchor_protocol_interleaved_rotates_and_takes_medians(bench, monkeypatc
     ms = bench.anchor_protocol_interleaved({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, rounds=3)
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert ms == {"a": 6, "b": 4, "c": 5}  # medians of the window numbers each took
+
+
+def test_card_matmul_tflops_is_the_median_windows_rate(bench):
+    windows = iter([4.0, 2.0, 8.0])
+    calls = []
+
+    def timer(fn, warmup_ms, rep_ms):
+        calls.append((fn().shape, warmup_ms, rep_ms))  # the timed call is a 16 x 16 bf16 matmul
+        return next(windows)
+
+    tflops = bench.card_matmul_tflops(timer, windows=3, n=16, device="cpu")
+    assert calls == [(torch.Size([16, 16]), 200.0, 1000.0)] * 3
+    assert tflops == pytest.approx(2 * 16 ** 3 / 4.0 / 1e9)  # the median window, 4 ms
+
+
+def test_card_speed_line_against_the_anchors_card(bench):
+    line = bench.card_speed_line({"before": 720.0, "after": 714.0}, 752)
+    assert "720.0 / 714.0 TFLOP/s" in line and "752" in line and "0.957 / 0.949" in line
+    assert "anchors" not in bench.card_speed_line({"before": 720.0, "after": 714.0}, None)
