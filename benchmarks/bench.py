@@ -1003,9 +1003,8 @@ def main():
             name, configs[name], anchors["rows"], rounds=args.rounds, data=data), out / "moe_anchor_protocol.json")
         card["after"] = card_matmul_tflops(timer)
         anchor_ceiling = anchors.get("ceilings", {}).get("dense_bf16_matmul_8192_tflops")
-        saved = out / "moe_anchor_protocol.json"  # per_config wrote the rows; the card's rates go beside them
-        saved.write_text(json.dumps({"card_matmul_tflops": card, "anchors_matmul_tflops": anchor_ceiling,
-                                     **json.loads(saved.read_text())}, indent=1))
+        (out / "moe_anchor_protocol.json").write_text(json.dumps(  # the rows again, the card's rates beside them
+            {"card_matmul_tflops": card, "anchors_matmul_tflops": anchor_ceiling, "rows": proto_rows}, indent=1))
         print(f"{'config':<18}{'fwd':>8}{'up*':>8}{'vs up':>7}{'bwd':>8}{'up*':>8}{'vs up':>7}{'range':>13}"
               f"{'fwd+bwd':>9}{'up*':>8}{'vs up':>7}{'torch fwd':>10}{'bwd':>8}")
         for r in proto_rows:
