@@ -11,22 +11,24 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
   cooperative 128x256 and 256x128), and K2 on CUTLASS's ptr-array kernel, TFLOP/s of each;
 - backward_kernels: the backward's kernels one by one (K4, K6, K5, K7) beside the interim weight
   gradients (gather + torch._grouped_mm), TFLOP/s of each;
-- token_rounding: token rounding against top-K on the two sweeps of DESIGN §6.
+- token_rounding: token rounding against top-K on the two sweeps of docs/design.md §6.
 - moe_anchor_protocol: the layer's forward, backward and forward + backward timed the way the
   anchors' upstream figures were (upstream's own benchmark: a do_bench window after 0.5 s idle;
   ANCHOR_PROTOCOL), beside those figures and the torch._grouped_mm layer timed alike, and the
   card's dense bf16 matmul rate before and after, against the anchors' card's (its speed).
+- sidebyside: upstream SonicMoE, sonicmoe.moe and a torch._grouped_mm layer in one process on one
+  card (benchmarks/sidebyside.py; --configs also takes its MODELS or 'all'): the measure of every
+  speed claim against upstream.
 Prints tables; writes JSON and a PNG plot to --out. With --profile, forward_kernels and
 backward_kernels run each part once after two warm-up calls, between cudaProfilerStart and
 cudaProfilerStop, for a profiler started with collection off (scripts/ncu_parts.sh); their
 tables then show that one call's time. With --energy they also read the card's mean power and SM
 clock while each part runs back to back and its energy per call (NVML's energy counter), and
 moe_backward reads the same for the layer's training step and its forward, and the backward's
-energy per step: at the H200's power cap a training step is energy-bound (docs/perf-notes.md,
-session 14), so a kernel change pays in the layer by the energy it saves per call more than by
+energy per step: at the H200's power cap a training step is energy-bound (docs/performance.md), so a kernel change pays in the layer by the energy it saves per call more than by
 its time alone, and the step's clock says whether a config runs at the cap.
 With --settle MS every timed window follows MS ms of its own part's calls, untimed, so that a
-reading is not its neighbour's power history (docs/perf-notes.md, session 30).
+reading is not its neighbour's power history (docs/performance.md).
 
   python benchmarks/bench.py --out bench-out [--configs paper-7b-n256,...] [--all-tiles]
 """
@@ -155,7 +157,7 @@ def time_interleaved(fns, rounds=9, iters=40, settle_ms=None):
     implementation alike. With settle_ms (default SETTLE_MS, --settle) each window follows that
     much of the fn's own work, untimed: the card's power control remembers at least the last
     75 ms, so a short window after a hungrier neighbour reads up to 6% slow, one after an idle
-    gap up to 15% fast (docs/perf-notes.md, session 30)."""
+    gap up to 15% fast (docs/performance.md)."""
     settle_ms = SETTLE_MS if settle_ms is None else settle_ms
     names = list(fns)
     samples = {name: [] for name in names}
@@ -218,8 +220,8 @@ def bench_combine(name, cfg):
     ref = (scores.double()[..., None] * y.double()[idx]).sum(1)
     err = float((out.double() - ref).norm() / ref.norm())
     # K8: the backward's dx from K6's rows and the router's part d_logits @ router_weight: that
-    # product (cuBLAS) as the start of combine_dx's sum, or (before session 35) cuBLAS's addmm
-    # onto an unweighted combine's output.
+    # product (cuBLAS) as the start of combine_dx's sum (cuBLAS's addmm onto an unweighted
+    # combine's output was the older form).
     d_logits = (0.01 * torch.randn(T, E, device="cuda")).bfloat16()
     router = (0.02 * torch.randn(E, d, device="cuda")).bfloat16()
     ones = torch.ones_like(scores)
@@ -392,7 +394,7 @@ def bench_moe_backward(name, cfg, anchor_rows):
 # calls, a 256 MB L2 flush queued before each) after 0.5 s of idle, and derives the backward as
 # their difference; the anchors' rows satisfy bwd = 12 / (18 / fwd_bwd - 6 / fwd) to their digits.
 # The card's power control runs a kernel 12-15% fast for ~12 calls after an idle gap and holds
-# its power history for 75 ms and more (docs/perf-notes.md, session 30), so figures taken this way
+# its power history for 75 ms and more (docs/performance.md), so figures taken this way
 # and figures taken in a sustained back-to-back rotation (moe_backward) are not comparable.
 ANCHOR_PROTOCOL = {"idle_s": 0.5, "warmup_ms": 5.0, "rep_ms": 500.0}
 
@@ -442,7 +444,7 @@ def card_matmul_tflops(timer, windows=3, n=8192, device="cuda"):
     """The card's dense bf16 n x n x n matmul TFLOP/s, the median of `windows` timer windows (200 ms
     warm-up, 1 s each): the anchors' first ceiling (752 on their card; they do not say how it was
     timed). Read beside the anchors' protocol, it tells how fast this machine start's card is:
-    H200 starts move the layer's figures by 1-4% (docs/perf-notes.md, sessions 39-48)."""
+    H200 starts move the layer's figures by 1-4% (docs/performance.md)."""
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn_like(a)
     ms = statistics.median(timer(lambda: a @ b, 200.0, 1000.0) for _ in range(windows))
@@ -897,6 +899,12 @@ def main():
     ops = args.ops.split(",")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if "sidebyside" in ops:  # its own configs and timer (one process, interleaved rounds)
+        import sidebyside
+        sidebyside.run([c for c in args.configs.split(",") if c], rounds=args.rounds, out_dir=out)
+        ops.remove("sidebyside")
+        if not ops:
+            return
     warm_up_gpu()
     if "combine" in ops:
         ceiling = anchors.get("ceilings", {}).get("device_copy_GBps")

@@ -1,5 +1,5 @@
 """Kernel lists of one inference forward with token rounding and with top-K, side by side (torch
-profiler, after warm-up), at sweep 1's points of DESIGN §6 (T 16384, d 1536, n 256, K 8): where
+profiler, after warm-up), at sweep 1's points of docs/design.md §6 (T 16384, d 1536, n 256, K 8): where
 rounding's forward gains on the expert GEMMs and where its routing and layout cost more.
 
     python benchmarks/profile_token_rounding.py [--step] [E ...]   # default: 512 (the sparsest point)

@@ -1,4 +1,4 @@
-"""Quality check of token rounding (DESIGN §6): train a small byte-level MoE language model twice
+"""Quality check of token rounding (docs/design.md §6): train a small byte-level MoE language model twice
 from the same seed, once routing by plain top-K and once by token rounding, and compare the
 validation losses.
 

@@ -210,6 +210,9 @@ struct WeightGradParams {
   // expert_offsets[E] must be finite (down_proj_grad zeroes them in its outputs); they meet
   // zero-filled rows of the gathered operand.
   GemmTileConfig config = GemmTileConfig::kAuto;
+  // The caller guarantees those rows finite (the layer passes down_proj_grad's outputs): kAuto
+  // then chooses by the shape alone, partial_rows or not.
+  bool rows_past_end_zeroed = false;
   cudaStream_t stream = nullptr;
 };
 std::string check_weight_grad(const WeightGradParams& params);

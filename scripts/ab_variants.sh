@@ -7,7 +7,7 @@
 # Leaves the tree and the extension as it found them, unless it is killed (a device call's time
 # limit): then the extension and the build's objects may be the last variant's while the sources
 # are the base's, and an incremental build keeps them (their mtimes are newer): touch the changed
-# files first (session 13, call 5).
+# files first.
 #
 # A change is a patch (applied with git apply, or patch -p1), a folder holding changed files
 # at their paths in the tree (scripts/ab_patch.sh --files writes one from a patch), or a prebuilt
@@ -16,7 +16,7 @@
 # BASE_KERNELS=path/to/libsonicmoe_kernels.a the base links that one too, so no CUTLASS unit is
 # compiled here at all (scripts/prebuild_kernels.sh writes them):
 #   bash scripts/ab_variants.sh "python3 benchmarks/bench.py --ops backward_kernels --parts K4_down_proj_grad" \
-#     experiments/k4_h_loads_16B.diff experiments/k4_seven_stages.diff
+#     change_a.diff change_b.diff
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

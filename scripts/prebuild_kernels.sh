@@ -4,7 +4,7 @@
 # of compiling CUTLASS units (setup.py's SONICMOE_PREBUILT_KERNELS; scripts/ab_variants.sh takes a
 # .a as a change and BASE_KERNELS for the base). Same nvcc, same archs as the GPU machine's build.
 #
-#   bash scripts/prebuild_kernels.sh experiments/k4_smem_h_slices.diff ...
+#   bash scripts/prebuild_kernels.sh my_change.diff ...
 #   -> build/prebuilt/base/libsonicmoe_kernels.a, build/prebuilt/k4_smem_h_slices/libsonicmoe_kernels.a
 #
 # A change is a patch (git apply) or a folder of changed files at their tree paths, as for

@@ -18,19 +18,16 @@ import sonicmoe
 if not (torch.cuda.is_available() and sonicmoe.extension_available()):
     sys.exit("sanitize_small.py needs a Hopper GPU and the built extension")
 torch.manual_seed(0)
-# The top-K backward runs its tail on a second stream beside K5 / K7 where 512 <= n <= 1024; here
-# at n 384 too, so that the tools see that path (n 256 keeps the one-stream order).
-sonicmoe.functional._TAIL_BESIDE_MIN_N = 384
-# The router's part of dx folded into K6 (grouped_gemm_kn's addend, router_backward_rows): on here,
-# so softmax_topk_norm below runs it (ping-pong K6) while softmax_topk keeps the dense router GEMM.
-sonicmoe.functional._ROUTER_DX_IN_K6 = True
+# softmax_topk_norm below folds the router's part of dx into K6 (grouped_gemm_kn's addend,
+# router_backward_rows); softmax_topk keeps the dense router GEMM.
 T, d, E, K = 300, 256, 8, 2
 x = torch.randn(T, d, device="cuda").bfloat16().requires_grad_()
 router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16()
 router[3] -= 4.0  # expert 3 all but empty
 router.requires_grad_()
-# n 384: a partial last 256-column block; n 256: the eager layer's dW1 on K7 (n <= 256).
-for n in (384, 256):
+# n 384: a partial last 256-column block; n 256: the eager layer's dW1 on K7 (n <= 256); n 512: the
+# top-K backward's tail on a second stream beside K5 / K7 (512 <= n <= 1024).
+for n in (384, 256, 512):
     w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
     w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
     for routing, options in (("softmax_topk_norm", {}), ("softmax_topk", {}), ("token_rounding", {"tile": 64})):

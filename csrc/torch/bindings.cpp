@@ -35,9 +35,10 @@ TORCH_LIBRARY(sonicmoe, m) {
         "Tensor gather_idx, bool partial_rows=False, int tile_config=0) -> (Tensor, Tensor, Tensor)");
   // K5 / K7: out[e] = sum over rows r of e of a_row(r)^T b_row(r), the gathered operand's row r
   // being its row gather_idx[r] (a's when gather_a); see WeightGradParams in sonicmoe.h. The
-  // persistent grid leaves sm_margin SMs to work on other streams.
+  // persistent grid leaves sm_margin SMs to work on other streams; rows_past_end_zeroed: the
+  // caller guarantees the rows a cooperative tile reads past expert_offsets[E] (auto may take one).
   m.def("weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a, "
-        "bool partial_rows=False, int tile_config=0, int sm_margin=0) -> Tensor");
+        "bool partial_rows=False, int tile_config=0, int sm_margin=0, bool rows_past_end_zeroed=False) -> Tensor");
   // Token rounding on the device (expert-major (E, T) tensors): the rounded assignment, and the
   // sorted layout of a dense assignment (see TokenRoundingParams, DenseLayoutParams).
   m.def("token_rounding_assign(Tensor probs_t, Tensor chosen_t, int tile, int rule) -> (Tensor, Tensor)");

@@ -34,13 +34,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config);
 
 // weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a,
-//             bool partial_rows, int tile_config, int sm_margin) -> Tensor (num_experts, m_out, n_out)
+//             bool partial_rows, int tile_config, int sm_margin, bool rows_past_end_zeroed)
+//             -> Tensor (num_experts, m_out, n_out)
 at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                             const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
-                            int64_t sm_margin);
+                            int64_t sm_margin, bool rows_past_end_zeroed);
 at::Tensor weight_grad_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
-                           int64_t sm_margin);
+                           int64_t sm_margin, bool rows_past_end_zeroed);
 
 // token_rounding_assign(Tensor probs_t, Tensor chosen_t, int tile, int rule) -> (assigned_t, counts)
 std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cuda(const at::Tensor& probs_t, const at::Tensor& chosen_t,

@@ -68,7 +68,7 @@ void check_devices(const at::Tensor& a, const at::Tensor& b, const at::Tensor& e
 
 at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                             const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
-                            int64_t sm_margin) {
+                            int64_t sm_margin, bool rows_past_end_zeroed) {
   check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
   check_devices(a, b, expert_offsets, gather_idx);
   const c10::cuda::CUDAGuard guard(a.device());
@@ -76,6 +76,7 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
   check_arg(sm_margin < device_sms, kOp, "sm_margin", text(sm_margin),
             "must be below the device's " + std::to_string(device_sms) + " SMs (the grid needs one)");
   WeightGradParams p = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
+  p.rows_past_end_zeroed = rows_past_end_zeroed;
   at::Tensor out = at::empty({p.num_experts, p.m_out, p.n_out}, a.options());
   p.a = a.data_ptr();
   p.b = b.data_ptr();
@@ -91,7 +92,7 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
 
 at::Tensor weight_grad_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
-                           int64_t sm_margin) {
+                           int64_t sm_margin, bool /*rows_past_end_zeroed*/) {
   check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
   check_devices(a, b, expert_offsets, gather_idx);  // a CPU tensor always fails here
   return {};

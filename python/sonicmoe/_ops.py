@@ -100,7 +100,8 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
                                              partial_rows, _tile_config_number(tile_config))
 
 
-def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config="auto", sm_margin=0):
+def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config="auto", sm_margin=0,
+                rows_past_end_zeroed=False):
     """K5 / K7: per expert e, out[e] = sum over its sorted rows r of a_row(r)^T b_row(r), fp32
     accumulation, bf16 (E, a.shape[1], b.shape[1]). The gathered operand's row r is its row
     gather_idx[r] (a's when gather_a: dW2 = weight_grad(dO, A', ..., True); else b's: dW1 =
@@ -108,14 +109,14 @@ def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, 
     exact zeros. partial_rows as in grouped_gemm. tile_config: "auto", "varlen_pingpong_128x128x64",
     or cooperative with the gathered side 128 wide: "varlen_cooperative_128x256x64" with gather_a,
     "varlen_cooperative_256x128x64" without, "varlen_cooperative_128x256x64_c2x1" either in 2 x 1
-    clusters ("auto"'s choice where experts average >= 2048 rows or an expert's output has >= 2^23
-    elements). With partial_rows the cooperative tiles read the other operand's first 64 rows past
-    expert_offsets[E] by TMA, which must be finite (down_proj_grad's outputs are zero there);
-    "auto" takes ping-pong's cp.async path. sm_margin: SMs the persistent grid leaves to work on
-    other streams (0: it takes them all)."""
+    clusters; "auto" chooses by the shape (csrc/sm90/heuristics.h). With partial_rows the
+    cooperative tiles read the other operand's first 64 rows past expert_offsets[E] by TMA, which
+    must be finite (down_proj_grad's outputs are zero there): "auto" then takes ping-pong's
+    cp.async path unless rows_past_end_zeroed says the caller guarantees them (the layer does).
+    sm_margin: SMs the persistent grid leaves to work on other streams (0: it takes them all)."""
     _require_extension()
     return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows,
-                                          _tile_config_number(tile_config), sm_margin)
+                                          _tile_config_number(tile_config), sm_margin, rows_past_end_zeroed)
 
 
 def rounding_probs(logits, top_k, write_probs):
@@ -328,7 +329,7 @@ if _C is not None:
 
     @torch.library.register_fake("sonicmoe::weight_grad")
     def _weight_grad_fake(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0,
-                          sm_margin=0):
+                          sm_margin=0, rows_past_end_zeroed=False):
         torch._check(a.dim() == 2 and b.dim() == 2, lambda: "weight_grad: a and b must be 2-D")
         return a.new_empty((expert_offsets.shape[0] - 1, a.shape[1], b.shape[1]))
 

@@ -123,7 +123,7 @@ def _kernel_path(x, w1, w2) -> bool:
     for name, t in (("w1", w1), ("w2", w2)):
         if not t.is_contiguous():
             raise ValueError(f"{name}.stride() = {t.stride()} breaks the rule: must be contiguous "
-                             "(the layout of DESIGN §2); call .contiguous() once, not per step")
+                             "(the layout of docs/design.md §2); call .contiguous() once, not per step")
         if t.numel() and not torch.compiler.is_compiling() and t.data_ptr() % 16:
             raise ValueError(f"{name}.data_ptr() = {t.data_ptr()} breaks the rule: must be 16-byte aligned "
                              "(TMA; a view into a flat buffer may not be); copy it once, not per step")
@@ -142,58 +142,31 @@ def _grad_enabled_for(*tensors) -> bool:
 def _dw1_on_k7(n: int) -> bool:
     """Eager dW1 on K7 (K5's 128 x 256 tile with x gathered on its 128-wide side, stored
     transposed) rather than a gathered copy of x + torch._grouped_mm: where n <= 1024, and at
-    n >= 2048. The layer's backward against the copy path (session 14, calls 3-4, TFLOP/s):
-    paper-30b-n512 480.3 / 493.0 against 467.6 / 468.4, paper-7b-n1024 450.3 / 453.7 against
-    433.7 / 440.0, qwen3-30b-a3b 476.7 / 484.4 against 474.7 / 471.8, olmoe-1b-7b and
-    paper-120b-n1024 level (within 1.5%); at n 1536 it lost 1.4% (qwen3-235b-a22b, 2048 rows an
-    expert; session 33's TMA stores moved its K7 by -0.8 to +0.4%). At n 2048 (deepseek-v3, 512
-    rows an expert: 8 k steps per output tile) K7's TMA stores, which drain behind the next tile,
-    made it the faster one (session 33, call 5: the backward 454.5 / 477.6 TF with K5 and K7
-    against 450.0 / 471.8 with dW1 on the copy, anchor protocol / sustained). Under the H200's
-    power cap the gathered copy's traffic costs clock; K7 also spares that copy (T K d bf16) at
-    the step's peak. Token rounding's buffers take the same rule: there the gathered copies and
-    torch._grouped_mm took 858 µs at T 16384, d 1536, n 256, E 64, where K5 + K7 took 490
-    (session 17)."""
+    n >= 2048. Timed as the layer's backward on the H200: K7 ran 1-4% faster at n 512 and 1024
+    (paper-30b-n512, paper-7b-n1024, qwen3-30b-a3b) and level at olmoe-1b-7b and paper-120b-n1024;
+    the copy path won by 1.4% at n 1536 (qwen3-235b-a22b, 2048 rows an expert); at n 2048
+    (deepseek-v3, 512 rows an expert) K7's TMA stores, which drain behind the next tile, made it
+    1% faster. K7 also spares the gathered copy (T K d bf16) at the step's peak. Token rounding's
+    buffers take the same rule (there the copy path took 858 µs where K5 + K7 took 490 at T 16384,
+    d 1536, n 256, E 64). docs/performance.md has the table."""
     return n <= 1024 or n >= 2048
-
-
-# heuristics.h's kWeightGradClusterMinRows / kWeightGradClusterMinOutput: K5 / K7 in 2 x 1 clusters
-# where experts average this many rows (session 25: 1-2.5% faster as kernels at 2048-4096 rows,
-# 1-2% slower at 1536, where paper-7b's outputs have at most 3.1M elements an expert) or where an
-# expert's output has this many elements (session 34: 1.5-3.3% faster at deepseek-v3's 512 rows and
-# 14.7M / 29.4M elements).
-_WEIGHT_GRAD_CLUSTER_MIN_ROWS = 2048
-_WEIGHT_GRAD_CLUSTER_MIN_OUTPUT = 1 << 23
-
-
-def _weight_grad_tile(gather_a: bool, rows: int, num_experts: int, out_elements: int) -> str:
-    """The layer's cooperative K5 (gather_a) / K7 tile for rows sorted rows over num_experts, each
-    expert's gradient having out_elements elements."""
-    if rows >= _WEIGHT_GRAD_CLUSTER_MIN_ROWS * num_experts or out_elements >= _WEIGHT_GRAD_CLUSTER_MIN_OUTPUT:
-        return "varlen_cooperative_128x256x64_c2x1"
-    return "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64"
 
 
 # The backward's tail (K8, R's backward and the router's GEMMs: memory-bound, ~0.45 ms at
 # olmoe-1b-7b) reads K4's and K6's outputs only, so it runs on a second stream beside K5 / K7,
-# which leave it _TAIL_SM_MARGIN SMs (their persistent grids take every SM otherwise). The layer's
-# backward in the anchors' protocol against the tail after K5 / K7 (session 38,
-# experiments/tail_hidden.py, A/B in one process on four machine starts): olmoe-1b-7b +0.9 to
-# +1.8%, paper-30b-n512 +0.1 to +1.4%, paper-120b-n1024 +0.4 to +0.8%, paper-7b-n1024 +0.2 / +1.1%,
-# qwen3-30b-a3b 0.0 to +0.6%. Where n < 512 the GEMMs are too short to hide it on a few SMs
-# (paper-7b-n256 -0.3 / -0.9%); at n 1536 / 2048 it read -0.2 / +1.0% and -1.8 / +0.3%: not a
-# gain, so it stays after them there. 8 SMs read -2.8 to +1.2%, 16 lost at every config.
+# which leave it _TAIL_SM_MARGIN SMs (their persistent grids take every SM otherwise). Measured as
+# the layer's backward in the anchors' protocol on the H200, against the tail after K5 / K7: +0.1
+# to +1.8% where 512 <= n <= 1024; where n < 512 the GEMMs are too short to hide it (-0.3 / -0.9%
+# at paper-7b-n256), at n 1536 / 2048 no gain; 8 SMs read -2.8 to +1.2%, 16 lost everywhere.
 _TAIL_SM_MARGIN = 4
-_TAIL_BESIDE_MIN_N, _TAIL_BESIDE_MAX_N = 512, 1024
 _side_streams_by_device = {}
 
 
 def _tail_beside_weight_grads(x, n, partial_rows) -> bool:
     """Whether the backward's tail runs on a second stream beside K5 / K7 (see _TAIL_SM_MARGIN):
     eager CUDA only (a compiled graph keeps one stream), the top-K layouts (token rounding's was
-    not measured), _TAIL_BESIDE_MIN_N <= n <= _TAIL_BESIDE_MAX_N."""
-    return (x.is_cuda and not torch.compiler.is_compiling() and not partial_rows
-            and _TAIL_BESIDE_MIN_N <= n <= _TAIL_BESIDE_MAX_N)
+    not measured), 512 <= n <= 1024."""
+    return x.is_cuda and not torch.compiler.is_compiling() and not partial_rows and 512 <= n <= 1024
 
 
 def _side_streams(device):
@@ -214,9 +187,8 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
 
     The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) on cooperative
     tiles, or for dW1 torch._grouped_mm over a gathered copy of x, whichever measured faster on
-    the H200 (docs/perf-notes.md, sessions 7, 12, 14 and 33): dW2 on K5 at every n (at n 1536
-    and 2048 too since session 33's TMA stores; the copy path lost 2.5% at n 1536 in session 14
-    and 0.9-1.2% at n 2048 in session 33), dW1 on K7 except at 1024 < n < 2048 (_dw1_on_k7),
+    the H200 (docs/performance.md): dW2 on K5 at every n, dW1 on K7 except at 1024 < n < 2048
+    (_dw1_on_k7),
     timed as the layer's backward. With token rounding's
     buffers (partial_rows) the cooperative tiles' TMA side reads up to a box of rows past
     offsets[E], which down_proj_grad zeroes in d_h and A'. Under torch.compile the interim path
@@ -253,14 +225,13 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
             tail(dx_rows, d_score_partial)
 
     def weight_grads(sm_margin):
-        rows, E = gather_idx.shape[0], w2.shape[0]
         dw1 = dw2 = None
         if need_w2:
-            dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows,
-                              _weight_grad_tile(True, rows, E, w2[0].numel()), sm_margin)
+            dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows, sm_margin=sm_margin,
+                              rows_past_end_zeroed=True)
         if need_w1 and _dw1_on_k7(w2.shape[2]):
-            dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows,
-                              _weight_grad_tile(False, rows, E, w1[0].numel()), sm_margin)
+            dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows, sm_margin=sm_margin,
+                              rows_past_end_zeroed=True)
         elif need_w1:  # a gathered copy of x
             dw1 = torch._grouped_mm(d_h.t(), x[gather_idx.long()], offs=offsets[1:])
         return dw1, dw2
@@ -269,7 +240,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
         dw1, dw2 = weight_grads(0)
         # dH and A' (and the bf16 copy of dO) are done with: freed before the tail allocates K8's dx
         # and the router's part of dx, two T x d bf16 tensors that otherwise raise the step's peak
-        # (session 39: deepseek-v3 26542 MiB kept to here, 26091 freed).
+        # (deepseek-v3: 451 MiB off the step's peak).
         del d_h, a_scaled, d_out
         return dw1, dw2, tail(dx_rows, d_score_partial)
     main = torch.cuda.current_stream(x.device)
@@ -350,17 +321,15 @@ class _MoEExperts(torch.autograd.Function):
 # row (grouped_gemm_kn's addend) in place of the dense GEMM and K8's T x d addend. softmax_topk_norm
 # belongs: its softmax over all E cancels in the renormalisation.
 _ROUTER_DX_IN_K6_MODES = ("topk_softmax", "softmax_topk_norm")
-# On since session 46. On the H200 (session 44; experiments/router_fold_bound.py times the layer both
-# ways) the backward gained 0.2-1.5% at seven configs, deepseek-v3 within its +-2% spread; the whole
-# GPU suite passed with it on (an H100, session 46). tests/python/test_moe.py checks it both ways.
-_ROUTER_DX_IN_K6 = True
+# Measured on the H200 as the layer's backward both ways: the fold gained 0.2-1.5% at seven of the
+# eight anchor configs, deepseek-v3 within its +-2% spread.
 
 
 def _router_dx_in_k6(routing, grad_logits) -> bool:
     """Whether the top-K layer's backward folds the router's part of dx into K6 (see
     _ROUTER_DX_IN_K6_MODES): not where the logits are returned (autograd then hands their gradient,
     zeros if unused, and a loss on them makes d_logits dense)."""
-    return _ROUTER_DX_IN_K6 and routing in _ROUTER_DX_IN_K6_MODES and grad_logits is None
+    return routing in _ROUTER_DX_IN_K6_MODES and grad_logits is None
 
 
 class _MoELayer(torch.autograd.Function):
@@ -506,7 +475,7 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     x: (..., d); router_weight: (E, d) (logits = x @ router_weight.T, then softmax and top-K in
     fp32); routing: "topk_softmax", "softmax_topk", "softmax_topk_norm" or "token_rounding"
     (tile-aware rounding of each expert's token count to a multiple of `tile`, by `rule`
-    "nearest", "up" or "down"; DESIGN §6). Returns x's shape; with return_router_logits, also the
+    "nearest", "up" or "down"; docs/design.md §6). Returns x's shape; with return_router_logits, also the
     router's logits (T, E) over the flattened tokens, in x's dtype, for an auxiliary loss
     (load balancing, z-loss) whose gradient reaches x and router_weight.
     """

@@ -14,7 +14,7 @@ __all__ = ["MoE"]
 
 
 class MoE(nn.Module):
-    """Mixture-of-Experts block with SwiGLU experts (DESIGN §2).
+    """Mixture-of-Experts block with SwiGLU experts (docs/design.md §2).
 
     Parameters, in the Hugging Face / torchtitan layout so weights drop in:
     router_weight (E, d); w1 (E, 2n, d), rows [0, n) gate and [n, 2n) up; w2 (E, d, n).

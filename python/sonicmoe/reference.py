@@ -1,4 +1,4 @@
-"""Pure-PyTorch MoE in the public layout (DESIGN §2): the ground truth for every kernel.
+"""Pure-PyTorch MoE in the public layout (docs/design.md §2): the ground truth for every kernel.
 
 Runs on CPU or GPU, computes in the dtype of its inputs and is differentiable through
 plain autograd. It favours clarity over speed and, unlike the kernels, may sync with
@@ -152,7 +152,7 @@ def moe_routed(
                 f"experts: expected ids in [0, E) = [0, {E}), got values in [{lo}, {hi}]"
             )
 
-    # Sorted layout (DESIGN §4): rows grouped by expert, (token, k) order within one.
+    # Sorted layout (docs/design.md §4): rows grouped by expert, (token, k) order within one.
     flat = experts.reshape(-1).long()
     order = torch.sort(flat, stable=True).indices
     counts = torch.bincount(flat, minlength=E).tolist()
@@ -179,7 +179,7 @@ def route_token_rounding(
     tile: int = 128,
     rule: str = "nearest",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-rounding routing (DESIGN §6): dense scores (T, E) and assignment mask (T, E).
+    """Token-rounding routing (docs/design.md §6): dense scores (T, E) and assignment mask (T, E).
 
     See sonicmoe.routing.token_rounding for the rule; logits = x @ router_weight.T.
     """
@@ -257,7 +257,7 @@ def moe(
 
 
 # ------------------------------------------------------------------------------------------
-# The layer the way the kernels split it (DESIGN §3-4): what K1 keeps for backward, and the
+# The layer the way the kernels split it (docs/design.md §3-4): what K1 keeps for backward, and the
 # backward computed from only x, H, the scores and the routing metadata. These are the
 # specification of K1 and K4-K8 (each step names its kernel); plain PyTorch, any device, in
 # fp32 or the inputs' dtype if wider. They read the offsets on the host, like the rest of this
@@ -300,7 +300,7 @@ def expert_backward(
     grad_out: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of moe_routed from x, H, the scores and the metadata only: no Y, no A and no
-    gathered x or dO are kept from the forward (DESIGN §3).
+    gathered x or dO are kept from the forward (docs/design.md §3).
 
     x (T, d); h (T*K, 2n) sorted layout (up_projection); w1 (E, 2n, d); w2 (E, d, n);
     scores (T, K); meta from routing_metadata(experts, E); grad_out (T, d).

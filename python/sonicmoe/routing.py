@@ -1,4 +1,4 @@
-"""Routing metadata for the sorted (grouped-by-expert) layout of DESIGN §4.
+"""Routing metadata for the sorted (grouped-by-expert) layout of docs/design.md §4.
 
 Everything here stays on the tensors' device with no host sync: output sizes depend
 only on shapes, never on data, so the helpers are CUDA-graph capturable and trace
@@ -103,7 +103,7 @@ TOKEN_ROUNDING_RULES = ("nearest", "up", "down")
 def token_rounding(
     logits: torch.Tensor, top_k: int, tile: int = 128, rule: str = "nearest"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tile-aware token rounding (DESIGN §6) from router logits (T, E), with no host sync.
+    """Tile-aware token rounding (docs/design.md §6) from router logits (T, E), with no host sync.
 
     Start from top-K token choice; per expert round its token count f_e to a multiple of
     `tile`: "nearest" (ties round up), "up" or "down", capped at T. Rounding up adds the

@@ -97,10 +97,12 @@ _COOPERATIVE_WEIGHT_GRAD = {_ops.GEMM_TILE_CONFIGS[c] for c in ("varlen_cooperat
                                                                   "varlen_cooperative_128x256x64_c2x1")}
 
 
-def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0, sm_margin=0):
+def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config=0, sm_margin=0,
+                rows_past_end_zeroed=False):
     rows = gather_idx.long()
     m_total = gather_idx.shape[0]
-    if partial_rows and tile_config in _COOPERATIVE_WEIGHT_GRAD:
+    # "auto" may take a cooperative tile where the caller says the rows past the end are zeroed.
+    if partial_rows and (tile_config in _COOPERATIVE_WEIGHT_GRAD or (tile_config == 0 and rows_past_end_zeroed)):
         # The cooperative tiles read the TMA side's first 64 rows past offsets[E]: the caller's
         # contract is that they are finite (down_proj_grad zeroes them in d_h and A').
         end = int(expert_offsets[-1])

@@ -1,6 +1,6 @@
 """benchmarks/bench.py's --energy readings on the CPU, against a fake energy counter and clock: the
 mean power over a window between two counter steps, the SM clock read inside it, and the rounds'
-medians. On the H200 they read NVML (docs/perf-notes.md, sessions 21-22). Also the anchors'
+medians. On the GPU they read NVML. Also the anchors'
 protocol (moe_anchor_protocol): the do_bench windows and the idle ahead of each, on a host clock."""
 
 import importlib

@@ -1,6 +1,6 @@
 """sonicmoe.moe / moe_routed / MoE against sonicmoe.reference in fp32.
 
-Routing decisions are taken once and shared (DESIGN §7: near-ties flip under bf16), so the
+Routing decisions are taken once and shared (docs/design.md §7: near-ties flip under bf16), so the
 comparison is of the expert math and the combine, forward and backward."""
 
 import re
@@ -356,24 +356,23 @@ def test_every_gradient_of_the_layer(routing, aux):
 @requires_hopper
 @pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk_norm"])
 @pytest.mark.parametrize("n", [128, 512])
-def test_router_dx_in_k6_against_the_dense_router_gemm(monkeypatch, routing, n):
-    # The router's part of dx added in K6's epilogue (functional._ROUTER_DX_IN_K6) against the dense
-    # d_logits @ router_weight added in K8: the weight and router gradients are the same bits (the
-    # same d_logits, the same kernels), dx the same sum rounded elsewhere. n 512 runs the tail beside
-    # K5 / K7, n 128 after them.
-    F = sonicmoe.functional
+def test_router_dx_in_k6_against_the_dense_router_gemm(routing, n):
+    # The router's part of dx added in K6's epilogue against the dense d_logits @ router_weight added
+    # in K8 (the form the layer takes where the logits are returned: unused, their gradient is
+    # zeros): the weight and router gradients are the same bits (the same d_logits, the same
+    # kernels), dx the same sum rounded elsewhere. n 512 runs the tail beside K5 / K7, n 128 after.
     gen = generator("cuda", "router-dx-in-k6", routing, n)
     leaves = [t.requires_grad_(True) for t in make_layer(700, 256, n, 16, "cuda", gen)]
     g = torch.randn(700, 256, device="cuda", generator=gen).bfloat16()
 
-    def grads(in_k6):
-        monkeypatch.setattr(F, "_ROUTER_DX_IN_K6", in_k6)
+    def grads(logits_returned):
         for t in leaves:
             t.grad = None
-        sonicmoe.moe(*leaves, 4, routing=routing).backward(g)
+        out = sonicmoe.moe(*leaves, 4, routing=routing, return_router_logits=logits_returned)
+        (out[0] if logits_returned else out).backward(g)
         return [t.grad.clone() for t in leaves]
 
-    got, want = grads(True), grads(False)
+    got, want = grads(False), grads(True)
     assert torch.isfinite(got[0]).all()
     assert rel(got[0], want[0].float()) <= 4e-3
     for name, a, b in zip(("drouter", "dw1", "dw2"), got[1:], want[1:]):
@@ -387,7 +386,7 @@ def test_tail_runs_beside_the_weight_gradients_only_in_eager_cuda_top_k_at_n_512
     if torch.cuda.is_available():
         x = torch.zeros(1, device="cuda")
         assert beside(x, 512, False) and beside(x, 768, False) and beside(x, 1024, False)
-        # measured no faster there (docs/perf-notes.md, session 38)
+        # measured no faster there (docs/performance.md)
         assert not beside(x, 256, False) and not beside(x, 1536, False) and not beside(x, 2048, False)
         assert not beside(x, 512, True)  # token rounding's layout: not measured
 
@@ -397,9 +396,9 @@ def test_tail_runs_beside_the_weight_gradients_only_in_eager_cuda_top_k_at_n_512
 @pytest.mark.parametrize("needs", ["all", "weights", "x_and_router"])
 def test_tail_beside_the_weight_gradients_gives_the_same_bits(monkeypatch, layer, needs):
     # Where 512 <= n <= 1024 the backward's tail (K8 and the router's part) runs on a second stream
-    # while K5 / K7 leave it SMs (functional._TAIL_SM_MARGIN); here at n 128, the rule widened, against
-    # the tail after them: every gradient must be bit-identical (each is one deterministic kernel
-    # either way).
+    # while K5 / K7 leave it SMs (functional._TAIL_SM_MARGIN); here at n 128 with the rule answering
+    # yes, then no, so both orders run: every gradient must be bit-identical (each is one
+    # deterministic kernel either way).
     F = sonicmoe.functional
     gen = generator("cuda", "tail-beside", layer, needs)
     T, d, n, E, K = 700, 256, 128, 16, 4
@@ -411,9 +410,9 @@ def test_tail_beside_the_weight_gradients_gives_the_same_bits(monkeypatch, layer
     side_streams = F._side_streams
     monkeypatch.setattr(F, "_side_streams", lambda device: streams_made.append(device) or side_streams(device))
     grads = {}
-    monkeypatch.setattr(F, "_TAIL_BESIDE_MIN_N", 0)
-    for beside_max_n in (1 << 30, -1):
-        monkeypatch.setattr(F, "_TAIL_BESIDE_MAX_N", beside_max_n)
+    rule = F._tail_beside_weight_grads
+    for beside in (True, False):
+        monkeypatch.setattr(F, "_tail_beside_weight_grads", lambda x, n, partial_rows, _b=beside: _b and rule(x, 512, partial_rows))
         leaves = [t.clone().requires_grad_(r) for t, r in zip((x, router, w1, w2), want)]
         if layer == "moe":
             out = sonicmoe.moe(*leaves, K)
@@ -423,9 +422,9 @@ def test_tail_beside_the_weight_gradients_gives_the_same_bits(monkeypatch, layer
             out = sonicmoe.moe_routed(leaves[0], leaves[2], leaves[3], leaves[1], experts)
         torch.full((T * d * 8,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
         out.backward(g)
-        grads[beside_max_n] = [t.grad for t in leaves]
+        grads[beside] = [t.grad for t in leaves]
     assert len(streams_made) == (1 if want[2] else 0)  # beside only with weight gradients to run
-    for name, got, ref in zip(("x", "router or scores", "w1", "w2"), grads[1 << 30], grads[-1]):
+    for name, got, ref in zip(("x", "router or scores", "w1", "w2"), grads[True], grads[False]):
         assert (got is None) == (ref is None), name
         if ref is not None:
             assert torch.isfinite(ref).all() and torch.equal(got, ref), name
@@ -563,7 +562,7 @@ def training_step_leaves(routing, key):
 @requires_hopper
 @pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
 def test_training_step_captures_in_a_cuda_graph(routing):
-    # DESIGN §4: no host sync in forward or backward, so a whole training step (forward, backward,
+    # docs/design.md §4: no host sync in forward or backward, so a whole training step (forward, backward,
     # the gradients; the tail's second stream included) captures in one CUDA graph. Replayed on
     # new x, it gives eager's bits on that x.
     step, leaves, grad = training_step_leaves(routing, ("graph-step", routing))
@@ -657,7 +656,7 @@ def test_no_grad_with_trainable_weights_writes_no_h():
 
 @requires_hopper
 def test_backward_saves_only_x_h_scores_and_metadata():
-    # DESIGN §3: besides the caller's own tensors (x and the parameters), the layer keeps H, the
+    # docs/design.md §3: besides the caller's own tensors (x and the parameters), the layer keeps H, the
     # scores and int32 routing metadata for backward, nothing else (no A, no Y, no logits).
     gen = generator("cuda", "saved")
     T, d, n, E, K = 512, 256, 128, 16, 4
@@ -695,7 +694,7 @@ def test_backward_saves_only_x_h_scores_and_metadata():
 def test_torch_compile_fullgraph_forward_and_backward(routing):
     # The layer traces into one graph (no host sync, every op has a fake) and its compiled
     # forward and backward match eager, in both layer paths (token rounding's dense one too:
-    # there Inductor once gave every score gradient to the next expert, session 22).
+    # there Inductor once gave every score gradient to the next expert).
     gen = generator("cuda", "compile", routing)
     T, d, n, E, K = 512, 256, 128, 16, 2
     leaves = [t.requires_grad_(True) for t in make_layer(T, d, n, E, "cuda", gen)]
@@ -740,7 +739,7 @@ def test_torch_compile_dynamic_tokens_one_graph(routing):
     # Only T is marked dynamic, as a trainer's varying batch is: dynamic=True would make E dynamic
     # too (the weights are graph inputs here), and Inductor then builds the router's softmax
     # backward as a persistent reduction of 1024 columns at XBLOCK 128 on 2 warps (configs picked
-    # for E's hint, 16), which ptxas did not finish in 100 s on the H200 (session 23).
+    # for E's hint, 16), which ptxas did not finish in 100 s on the H200.
     d, n, E, K = 256, 128, 16, 2
     opts = dict(tile=1024, rule="up") if routing == "token_rounding" else {}
 

@@ -1,6 +1,6 @@
 """benchmarks/profile_sustained.py's matching of a sustained step's kernels to the isolated
 step's, on the CPU with fake profiler events. With the tail on a second stream the kernels of a
-step interleave differently in start order from step to step (docs/perf-notes.md, session 48):
+step interleave differently in start order from step to step:
 they must pair by name and occurrence."""
 
 import importlib

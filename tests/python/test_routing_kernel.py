@@ -80,7 +80,7 @@ def test_routing_metadata_rejects(args, message):
                                    (513, 33, 5), (200, 64, 4), (260, 512, 8), (90, 32, 8)])
 def test_router_topk_matches_torch(routing, T, E, K):
     gen = torch.Generator(device="cuda").manual_seed(T + E + K)
-    # Well separated logits: a near-tie may pick either expert (DESIGN §7). Distinct and within
+    # Well separated logits: a near-tie may pick either expert (docs/design.md §7). Distinct and within
     # [0, 8), so no probability underflows to a tie at 0 under the full softmax.
     spread = 8.0 / (E * max(T, 1))
     logits = torch.randperm(E * max(T, 1), device="cuda", generator=gen)[: T * E].view(T, E).float() * spread

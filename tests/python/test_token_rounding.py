@@ -1,4 +1,4 @@
-"""Token rounding (DESIGN §6): the routing invariants, on the CPU and, when present, CUDA."""
+"""Token rounding (docs/design.md §6): the routing invariants, on the CPU and, when present, CUDA."""
 
 import zlib
 

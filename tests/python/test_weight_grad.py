@@ -106,6 +106,9 @@ def test_weight_grad_cooperative_partial_rows_with_the_rows_past_the_end_zeroed(
     want = want_weight_grad(a_rows, b_rows, offsets, gather_idx[:rows], gather_a)
     assert torch.isfinite(out).all() and rel(out, want) <= 1e-2
     assert rel(out, pingpong.float()) <= 1e-2
+    if not clustered:  # auto, told the rows past the end are zeroed, takes the cooperative tile here
+        chosen = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, partial_rows=True, rows_past_end_zeroed=True)
+        assert torch.equal(chosen, out)
 
 
 @requires_hopper
@@ -198,23 +201,9 @@ def test_weight_grad_rejects_bad_arguments(change, error, message):
         torch.ops.sonicmoe.weight_grad(*_cpu_args(**change).values())
 
 
-def test_layer_weight_grad_tile_clusters_where_experts_average_2048_rows_or_outputs_are_large():
-    # The eager layer's K5 / K7 tile (functional._weight_grad_tile mirrors heuristics.h's rule).
-    tile = sonicmoe.functional._weight_grad_tile
-    # olmoe-1b-7b (4096 rows an expert), paper-30b-n512 (2048): clustered.
-    assert tile(True, 32768 * 8, 64, 2048 * 1024) == tile(False, 32768 * 8, 128, 2 * 512 * 4096) \
-        == "varlen_cooperative_128x256x64_c2x1"
-    # paper-7b-n1024 (1536 rows, outputs of 1.6M / 3.1M elements): not.
-    assert tile(True, 24576 * 2, 32, 1536 * 1024) == "varlen_cooperative_128x256x64"
-    assert tile(False, 24576 * 2, 32, 2 * 1024 * 1536) == "varlen_cooperative_256x128x64"
-    # deepseek-v3 (512 rows, outputs of 14.7M / 29.4M elements): clustered.
-    assert tile(True, 16384 * 8, 256, 7168 * 2048) == tile(False, 16384 * 8, 256, 2 * 2048 * 7168) \
-        == "varlen_cooperative_128x256x64_c2x1"
-
-
 def test_layer_weight_gradients_take_the_gathered_copy_only_where_it_measured_faster():
     # Eager dW1 over a gathered copy of x + torch._grouped_mm only at 1024 < n < 2048 (qwen3-235b-a22b's
-    # n 1536); dW2 always on K5 (docs/perf-notes.md, session 33).
+    # n 1536); dW2 always on K5 (docs/performance.md).
     on_k7 = sonicmoe.functional._dw1_on_k7
     assert on_k7(256) and on_k7(1024) and on_k7(2048) and on_k7(4096)
     assert not on_k7(1536)

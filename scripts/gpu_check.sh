@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the H200: build the extension, run the GPU pytest suite and the gtest binary, check SASS
-# for HGMMA, run the benchmark, and end with a short summary table. Logs go to $OUT (or ./h200-out).
+# On a Hopper GPU: build the extension, run the GPU pytest suite and the gtest binary, check SASS
+# for HGMMA, run the benchmark, and end with a short summary table. Logs go to $OUT (or ./gpu-out).
 #   bash scripts/h200_check.sh            # everything
 #   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
 #   BENCH_OPS=moe_forward ... QUALITY=1 ... PYTEST_ARGS=... # narrower benchmark, quality check, pytest args
@@ -8,7 +8,7 @@
 # compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-h200-out}
+OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 GTEST_BIN=${GTEST_BIN:-.carry/sonicmoe_gtest}

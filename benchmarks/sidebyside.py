@@ -1,0 +1,250 @@
+"""The side-by-side comparison: upstream SonicMoE (its eager layer), sonicmoe.moe and a
+torch._grouped_mm layer built and timed in one process on one card, in interleaved rounds (each
+round: the median of 10 CUDA-event-timed calls after 3; the figure: the median over rounds), and
+the memory each keeps after its forward. The ratio project / upstream from one process on one
+card is the figure every speed claim of the project cites; absolute TFLOP/s move 1-5% between
+two starts of the same card.
+
+  python3 benchmarks/sidebyside.py [config ...]        (or: benchmarks/bench.py --ops sidebyside)
+  env: IMPLS=upstream,project,torch   ROUNDS=3   OUT=dir (writes sidebyside.json)
+
+Configs: the paper's and the anchors' eight, then MODELS (other released MoE models' shapes);
+`all` runs both lists. Upstream SonicMoE is imported as `upstream_sonicmoe` (its Dec-2025 sources
+with the package and its torch.library namespace renamed, so it loads beside this project; it needs
+nvidia-cutlass-dsl 4.2.1 and quack). Where it is not importable the harness says so and times the
+project and the torch layer alone. On an 80 GB card run deepseek-v3 with IMPLS=project and
+IMPLS=upstream in turn (both layers resident do not fit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+# (name, T, d, n, E, K): the paper's Table 9b shapes and the anchors' real models.
+CONFIGS = [
+    ("paper-7b-n256", 24576, 1536, 256, 128, 8),
+    ("paper-7b-n1024", 24576, 1536, 1024, 32, 2),
+    ("paper-30b-n512", 32768, 4096, 512, 128, 8),
+    ("paper-120b-n1024", 32768, 4096, 1024, 128, 8),
+    ("olmoe-1b-7b", 32768, 2048, 1024, 64, 8),
+    ("qwen3-30b-a3b", 32768, 2048, 768, 128, 8),
+    ("qwen3-235b-a22b", 32768, 4096, 1536, 128, 8),
+    ("deepseek-v3", 16384, 7168, 2048, 256, 8),
+]
+# Other released MoE models' (d, n, E, K) from their published configs, at T 32768 (16384 where
+# the layer's H alone passes 4 GB).
+MODELS = [
+    ("mixtral-8x7b", 16384, 4096, 14336, 8, 2),
+    ("qwen2-57b-a14b", 32768, 3584, 2560, 64, 8),
+    ("deepseek-v2-lite", 32768, 2048, 1408, 64, 6),
+    ("qwen1.5-moe-a2.7b", 32768, 2048, 1408, 60, 4),
+    ("gpt-oss-20b", 32768, 2880, 2880, 32, 4),
+]
+dev, dt = "cuda", torch.bfloat16
+UPSTREAM_HOWTO = ("upstream SonicMoE is not importable as upstream_sonicmoe: put its sources (package renamed "
+                  "upstream_sonicmoe), quack and nvidia-cutlass-dsl 4.2.1 on PYTHONPATH; the project's maintainers "
+                  "keep that bundle beside the repository (shared/anchors/upstream)")
+
+
+def bench(fn, warm=3, rep=10):
+    """The median of rep CUDA-event-timed calls after warm calls, in ms."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def upstream_available():
+    try:
+        import upstream_sonicmoe  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def upstream_fns(T, d, n, E, K):
+    from upstream_sonicmoe import MoE
+    from upstream_sonicmoe.enums import ActivationType
+    from upstream_sonicmoe.functional import moe_TC_softmax_topk_layer
+
+    moe = MoE(num_experts=E, num_experts_per_tok=K, hidden_size=d, intermediate_size=n,
+              activation_function=ActivationType.SWIGLU, add_bias=False, std=0.02).to(dev, dt)
+    x = (0.5 * torch.randn(T, d, device=dev, dtype=dt)).requires_grad_()
+    dy = torch.randn_like(x)
+    w1, w2, rw = moe.c_fc.weight, moe.c_proj.weight, moe.router.weight
+
+    def fwd():
+        return moe_TC_softmax_topk_layer(x, rw, w1.permute(1, 2, 0), None, w2.permute(1, 2, 0), None,
+                                         K, moe.stream_id, ActivationType.SWIGLU, False)[0]
+
+    def fwd_bwd():
+        fwd().backward(dy)
+        x.grad = w1.grad = w2.grad = rw.grad = None
+
+    return fwd, fwd_bwd
+
+
+def layer_tensors(T, d, n, E):
+    x = (torch.randn(T, d, device=dev) * 0.5).to(dt).requires_grad_()
+    rw = (torch.randn(E, d, device=dev) * d**-0.5).to(dt).requires_grad_()
+    w1 = (torch.randn(E, 2 * n, d, device=dev) * d**-0.5).to(dt).requires_grad_()
+    w2 = (torch.randn(E, d, n, device=dev) * n**-0.5).to(dt).requires_grad_()
+    return x, rw, w1, w2, torch.randn(T, d, device=dev).to(dt)
+
+
+def project_fns(T, d, n, E, K):
+    import sonicmoe
+
+    x, rw, w1, w2, dy = layer_tensors(T, d, n, E)
+
+    def fwd():
+        return sonicmoe.moe(x, rw, w1, w2, K, routing="topk_softmax")
+
+    def fwd_bwd():
+        fwd().backward(dy)
+        x.grad = rw.grad = w1.grad = w2.grad = None
+
+    return fwd, fwd_bwd
+
+
+def torch_fns(T, d, n, E, K):
+    from bench import torch_grouped_mm_layer
+
+    x, rw, w1, w2, dy = layer_tensors(T, d, n, E)
+
+    def fwd():
+        return torch_grouped_mm_layer(x, rw, w1, w2, K)
+
+    def fwd_bwd():
+        fwd().backward(dy)
+        x.grad = rw.grad = w1.grad = w2.grad = None
+
+    return fwd, fwd_bwd
+
+
+IMPLS = {"upstream": upstream_fns, "project": project_fns, "torch": torch_fns}
+
+
+def kept_mib(fwd):
+    """What a forward keeps for backward beyond its output, in MiB."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    out = fwd()
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - base - out.numel() * out.element_size()
+    del out
+    return kept / 2**20
+
+
+def measure(config, impls, rounds):
+    name, T, d, n, E, K = config
+    row = {"config": name, "shape": [T, d, n, E, K]}
+    flops = 6 * T * K * d * n
+    fns, times = {}, {i: {"f": [], "fb": []} for i in impls}
+    for impl in impls:
+        t0 = time.time()
+        try:
+            fns[impl] = IMPLS[impl](T, d, n, E, K)
+            fns[impl][1]()  # builds / JIT-compiles, warms up
+            torch.cuda.synchronize()
+            row[f"{impl}_kept_MiB"] = kept_mib(fns[impl][0])
+        except Exception as ex:  # one layer failing (e.g. out of memory) leaves the others' figures
+            traceback.print_exc()
+            fns.pop(impl, None)
+            row[f"{impl}_error"] = repr(ex)[:300]
+        row[f"{impl}_setup_s"] = round(time.time() - t0, 1)
+    for _ in range(rounds):
+        for impl, (fwd, fwd_bwd) in fns.items():
+            times[impl]["f"].append(bench(fwd))
+            times[impl]["fb"].append(bench(fwd_bwd))
+    for impl in fns:
+        f_ms, fb_ms = statistics.median(times[impl]["f"]), statistics.median(times[impl]["fb"])
+        row[impl] = {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms, "fwd_tflops": flops / f_ms / 1e9,
+                     "bwd_tflops": 2 * flops / (fb_ms - f_ms) / 1e9, "fwd_bwd_tflops": 3 * flops / fb_ms / 1e9,
+                     "rounds_fwd_bwd_ms": times[impl]["fb"]}
+    for other in ("upstream", "torch"):
+        if other in row and "project" in row:
+            row[f"project_over_{other}"] = {k: row["project"][k] / row[other][k]
+                                            for k in ("fwd_tflops", "bwd_tflops", "fwd_bwd_tflops")}
+    del fns
+    torch.cuda.empty_cache()
+    return row
+
+
+def print_table(result, impls):
+    print(f"\n{result['device']}, commit {result['commit']}, {result['when']}; dense bf16 8192^3 "
+          f"{result['dense_tflops_before']:.0f} -> {result['dense_tflops_after']:.0f} TFLOP/s")
+    print(f"{'config':<20}{'impl':<10}{'fwd':>6}{'bwd':>6}{'f+b':>6}{'kept MiB':>10}")
+    for r in result["rows"]:
+        for impl in impls:
+            if impl in r:
+                x = r[impl]
+                print(f"{r['config']:<20}{impl:<10}{x['fwd_tflops']:6.0f}{x['bwd_tflops']:6.0f}"
+                      f"{x['fwd_bwd_tflops']:6.0f}{r[impl + '_kept_MiB']:10.0f}")
+            elif f"{impl}_error" in r:
+                print(f"{r['config']:<20}{impl:<10} ERROR {r[impl + '_error'][:80]}")
+        for other in ("upstream", "torch"):
+            q = r.get(f"project_over_{other}")
+            if q:
+                print(f"{'':<20}project / {other}: fwd {q['fwd_tflops']:.3f}  bwd {q['bwd_tflops']:.3f}  "
+                      f"fwd+bwd {q['fwd_bwd_tflops']:.3f}")
+
+
+def run(names=(), impls=None, rounds=None, out_dir=None, commit=None):
+    """Times the named configs (default the eight; 'all' adds MODELS) and writes sidebyside.json."""
+    impls = impls or os.environ.get("IMPLS", "upstream,project,torch").split(",")
+    unknown = set(impls) - set(IMPLS)
+    if unknown:
+        raise ValueError(f"IMPLS = {','.join(impls)}: unknown {sorted(unknown)}; must be among {sorted(IMPLS)}")
+    if "upstream" in impls and not upstream_available():
+        print(UPSTREAM_HOWTO + "; timing " + ", ".join(i for i in impls if i != "upstream") + " alone")
+        impls = [i for i in impls if i != "upstream"]
+    rounds = rounds or int(os.environ.get("ROUNDS", "3"))
+    known = {c[0]: c for c in CONFIGS + MODELS}
+    names = list(names) or [c[0] for c in CONFIGS]
+    if "all" in names:
+        names = [c[0] for c in CONFIGS + MODELS]
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise ValueError(f"configs {missing} are unknown; must be among {sorted(known)} or 'all'")
+    result = {"commit": commit or os.environ.get("PROJECT_COMMIT", "?"), "when": time.strftime("%Y-%m-%d %H:%M"),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": rounds, "rows": []}
+    path = pathlib.Path(out_dir or os.environ.get("OUT", "bench-out")) / "sidebyside.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    a = torch.randn(8192, 8192, device=dev, dtype=dt)
+    result["dense_tflops_before"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
+    for name in names:
+        row = measure(known[name], impls, rounds)
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        path.write_text(json.dumps(result, indent=1))
+    result["dense_tflops_after"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
+    path.write_text(json.dumps(result, indent=1))
+    print_table(result, impls)
+    return result
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("sidebyside.py needs a CUDA GPU")
+    run(sys.argv[1:])
