@@ -1,6 +1,12 @@
 """Builds sonicmoe._C: CMake compiles the torch-free kernel library (each kernel unit once),
 then the thin torch layer (csrc/torch/) links it.
 
+The extension links against the torch of the interpreter that runs the build: build with
+`pip wheel . --no-build-isolation` (or `pip install . --no-build-isolation`) in the environment
+that will run it. Under pip's default build isolation the build's torch is a fresh download, whose
+version need not be the one you run. The wheel's version carries what it was built for:
+0.2.0+cu130torch2.14sm90a (CUDA, torch, kernel archs); python/sonicmoe/version.py holds the base.
+
 Environment:
   SONICMOE_CUDA_ARCHS  arch list for the kernels (default "90a"; only Hopper kernels exist yet)
   MAX_JOBS             parallel compile jobs (default: all cores)
@@ -14,12 +20,15 @@ Environment:
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
 
+import torch  # noqa: E402
 from setuptools import find_packages, setup  # noqa: E402
+from setuptools.command.build_py import build_py  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent
@@ -30,6 +39,30 @@ ARCHS = os.environ.get("SONICMOE_CUDA_ARCHS", "90a")
 JOBS = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
 
 
+def build_version():
+    """The base version (python/sonicmoe/version.py) with what this build is for as its local
+    label: CUDA, torch (major.minor) and the kernel archs."""
+    base = re.search(r'__version__ = "([^"]+)"', (ROOT / "python" / "sonicmoe" / "version.py").read_text())[1]
+    cuda = (torch.version.cuda or "").replace(".", "")
+    torch_mm = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    archs = ".".join("sm" + a for a in ARCHS.replace(",", ";").split(";") if a)
+    return f"{base}+cu{cuda}torch{torch_mm}{archs}", {"cuda": torch.version.cuda, "torch": torch.__version__,
+                                                        "archs": ARCHS}
+
+
+VERSION, BUILD_INFO = build_version()
+
+
+class BuildPyWithBuildInfo(build_py):
+    """Writes sonicmoe/_build_info.py into the built package: the wheel's version and what it was
+    built for, read by sonicmoe.__version__ / sonicmoe.build_info() (an in-place build has none)."""
+
+    def run(self):
+        super().run()
+        target = pathlib.Path(self.build_lib) / "sonicmoe" / "_build_info.py"
+        target.write_text(f"VERSION = {VERSION!r}\nBUILD_INFO = {BUILD_INFO!r}\n")
+
+
 class CMakeKernelsThenExtension(BuildExtension):
     def run(self):
         if PREBUILT_KERNELS:
@@ -38,9 +71,10 @@ class CMakeKernelsThenExtension(BuildExtension):
             return super().run()
         subprocess.check_call([sys.executable, str(ROOT / "scripts" / "fetch_cutlass.py")])
         nvcc = pathlib.Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"
+        has_tests = "ON" if (ROOT / "tests" / "cpp").is_dir() else "OFF"  # an sdist carries no tests
         subprocess.check_call([
             "cmake", "-S", str(ROOT), "-B", str(CMAKE_BUILD_DIR), "-G", "Ninja",
-            f"-DSONICMOE_CUDA_ARCHS={ARCHS}", f"-DCMAKE_CUDA_COMPILER={nvcc}",
+            f"-DSONICMOE_CUDA_ARCHS={ARCHS}", f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DSONICMOE_BUILD_TESTS={has_tests}",
         ])
         subprocess.check_call([
             "cmake", "--build", str(CMAKE_BUILD_DIR), "--target", "sonicmoe_kernels", "-j", JOBS,
@@ -59,10 +93,9 @@ extension = CUDAExtension(
 )
 
 setup(
-    name="sonicmoe",
-    version="0.1.0",
+    version=VERSION,
     package_dir={"": "python"},
     packages=find_packages("python"),
     ext_modules=[extension],
-    cmdclass={"build_ext": CMakeKernelsThenExtension},
+    cmdclass={"build_ext": CMakeKernelsThenExtension, "build_py": BuildPyWithBuildInfo},
 )

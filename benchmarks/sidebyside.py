@@ -7,6 +7,8 @@ two starts of the same card.
 
   python3 benchmarks/sidebyside.py [config ...]        (or: benchmarks/bench.py --ops sidebyside)
   env: IMPLS=upstream,project,torch   ROUNDS=3   OUT=dir (writes sidebyside.json)
+       PROFILE=1: also each layer's kernels in one forward + backward (torch.profiler), per config,
+       for the kernel-by-kernel table of docs/performance.md
 
 Configs: the paper's and the anchors' eight, then MODELS (other released MoE models' shapes);
 `all` runs both lists. Upstream SonicMoE is imported as `upstream_sonicmoe` (its Dec-2025 sources
@@ -156,7 +158,26 @@ def kept_mib(fwd):
     return kept / 2**20
 
 
-def measure(config, impls, rounds):
+def kernel_table(fwd_bwd):
+    """Each GPU kernel of one forward + backward (after the timed rounds' warm-up): name, calls,
+    total µs, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fwd_bwd()
+        torch.cuda.synchronize()
+    kernels = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
+            k = kernels.setdefault(event.name, [0, 0.0])
+            k[0] += 1
+            k[1] += event.device_time
+    rows = [{"kernel": name, "calls": c, "us": round(us, 1)} for name, (c, us) in kernels.items()]
+    return sorted(rows, key=lambda r: -r["us"])
+
+
+def measure(config, impls, rounds, profile_kernels=False):
     name, T, d, n, E, K = config
     row = {"config": name, "shape": [T, d, n, E, K]}
     flops = 6 * T * K * d * n
@@ -177,6 +198,9 @@ def measure(config, impls, rounds):
         for impl, (fwd, fwd_bwd) in fns.items():
             times[impl]["f"].append(bench(fwd))
             times[impl]["fb"].append(bench(fwd_bwd))
+    if profile_kernels:
+        for impl, (_, fwd_bwd) in fns.items():
+            row[f"{impl}_kernels"] = kernel_table(fwd_bwd)
     for impl in fns:
         f_ms, fb_ms = statistics.median(times[impl]["f"]), statistics.median(times[impl]["fb"])
         row[impl] = {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms, "fwd_tflops": flops / f_ms / 1e9,
@@ -189,6 +213,16 @@ def measure(config, impls, rounds):
     del fns
     torch.cuda.empty_cache()
     return row
+
+
+def print_kernels(row, impls, top=12):
+    for impl in impls:
+        table = row.get(f"{impl}_kernels")
+        if table:
+            total = sum(k["us"] for k in table)
+            print(f"-- {row['config']} {impl}: {total:.0f} µs of kernels in one forward + backward")
+            for k in table[:top]:
+                print(f"   {k['us']:9.1f} µs {k['calls']:4d}x  {k['kernel'][:110]}")
 
 
 def print_table(result, impls):
@@ -220,6 +254,7 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None):
         print(UPSTREAM_HOWTO + "; timing " + ", ".join(i for i in impls if i != "upstream") + " alone")
         impls = [i for i in impls if i != "upstream"]
     rounds = rounds or int(os.environ.get("ROUNDS", "3"))
+    profile_kernels = os.environ.get("PROFILE", "") not in ("", "0")
     known = {c[0]: c for c in CONFIGS + MODELS}
     names = list(names) or [c[0] for c in CONFIGS]
     if "all" in names:
@@ -234,9 +269,10 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None):
     a = torch.randn(8192, 8192, device=dev, dtype=dt)
     result["dense_tflops_before"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
     for name in names:
-        row = measure(known[name], impls, rounds)
+        row = measure(known[name], impls, rounds, profile_kernels)
         result["rows"].append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_kernels")}), flush=True)
+        print_kernels(row, impls)
         path.write_text(json.dumps(result, indent=1))
     result["dense_tflops_after"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
     path.write_text(json.dumps(result, indent=1))

@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
-# Installs what the build and tests need (when missing) and builds sonicmoe._C in place.
-# Used by scripts/test.sh and scripts/demo.sh; safe to run again (everything is incremental).
+# Sets up a virtual environment (.venv, or the active one) with what the build and tests need, and
+# builds sonicmoe._C in place. --deps-only stops before the build (scripts/test.sh builds a wheel).
+# Nothing is installed into the system interpreter. Safe to run again (everything is incremental).
+# The venv sees the system's packages (--system-site-packages), so a machine whose torch came with
+# it (a GPU image without network access) builds against that torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$CUDA_HOME/bin:$PATH"
-PY=${PYTHON:-python3}
 
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  PY=${VIRTUAL_ENV}/bin/python
+else
+  VENV=${SONICMOE_VENV:-.venv}
+  [ -x "$VENV/bin/python" ] || { echo "== creating the virtual environment $VENV"; python3 -m venv --system-site-packages "$VENV"; }
+  PY=$VENV/bin/python
+fi
 pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "== installing torch 2.14.1 (CUDA 13.0 build)"
   pip_install torch==2.14.1
 fi
-"$PY" -c "import pytest" 2>/dev/null || pip_install pytest
-command -v ninja >/dev/null || pip_install ninja
-command -v cmake >/dev/null || pip_install cmake
+# The build's tools (pyproject.toml's build requirements) and the tests' packages.
+"$PY" -c "import pytest, wheel, ninja, cmake" 2>/dev/null || pip_install pytest wheel ninja cmake "setuptools>=69"
+"$PY" -c "import cutlass_library" 2>/dev/null || pip_install --no-deps nvidia-cutlass==4.2.0.0
+"$PY" -c "import transformers" 2>/dev/null || pip_install "transformers>=4.57"
+export PATH="$(dirname "$PY"):$PATH"  # the venv's cmake and ninja
 if ! [ -f /usr/include/gtest/gtest.h ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "== installing GoogleTest (libgtest-dev)"
   apt-get update -qq >/dev/null && apt-get install -y -qq libgtest-dev >/dev/null
 fi
 command -v nvcc >/dev/null || { echo "nvcc not found: set CUDA_HOME to a CUDA 13 toolkit" >&2; exit 1; }
+[ "${1:-}" = "--deps-only" ] && exit 0
 
-echo "== building sonicmoe._C (archs: ${SONICMOE_CUDA_ARCHS:-90a}, jobs: ${MAX_JOBS:-$(nproc)})"
+echo "== building sonicmoe._C in place (archs: ${SONICMOE_CUDA_ARCHS:-90a}, jobs: ${MAX_JOBS:-$(nproc)})"
 "$PY" setup.py build_ext --inplace >build-ext.log 2>&1 || { tail -n 60 build-ext.log; exit 1; }
 echo "   built $(ls python/sonicmoe/_C*.so)"

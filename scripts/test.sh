@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# The whole test suite: sets up, builds the kernels and the extension, then runs the GoogleTest
-# suite (ctest) and pytest. GPU tests skip with a reason where there is no Hopper GPU.
+# The whole test suite, against the installed wheel: sets up the virtual environment
+# (scripts/setup.sh --deps-only), builds the wheel (the kernel library, the extension), installs it
+# there, builds and runs the GoogleTest suite (ctest), then pytest on the installed package. GPU
+# tests skip with a reason where there is no Hopper GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-PY=${PYTHON:-python3}
+bash scripts/setup.sh --deps-only
+PY=${VIRTUAL_ENV:-${SONICMOE_VENV:-.venv}}/bin/python
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH="$(dirname "$PY"):$CUDA_HOME/bin:$PATH"
+
+echo "== building the wheel (archs: ${SONICMOE_CUDA_ARCHS:-90a}, jobs: ${MAX_JOBS:-$(nproc)})"
+rm -rf dist
+"$PY" -m pip wheel . --no-build-isolation --no-deps -w dist >build-wheel.log 2>&1 || { tail -n 60 build-wheel.log; exit 1; }
+wheel=$(ls dist/sonicmoe-*.whl)
+echo "   built $wheel"
+"$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
 
 if grep -q "sonicmoe_gtest" build/cmake/build.ninja 2>/dev/null; then
   echo "== GoogleTest suite"
@@ -15,5 +26,5 @@ else
   echo "== GoogleTest not found: the gtest suite is not built (install libgtest-dev)"
 fi
 
-echo "== pytest"
-"$PY" -m pytest tests/python -q -rs -p no:cacheprovider
+echo "== pytest (the installed $("$PY" -c 'import sonicmoe; print(sonicmoe.__version__)'))"
+SONICMOE_TEST_INSTALLED=1 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider

@@ -17,6 +17,7 @@ from .routing import RoutingMetadata, routing_metadata
 __all__ = [
     "GEMM_TILE_CONFIGS",
     "MoE",
+    "build_info",
     "RoutingMetadata",
     "combine",
     "combine_csr",
@@ -35,4 +36,14 @@ __all__ = [
     "up_proj",
     "weight_grad",
 ]
-__version__ = "0.1.0"
+try:  # a built wheel: its version names the CUDA, torch and archs it was built for
+    from ._build_info import BUILD_INFO as _BUILD_INFO
+    from ._build_info import VERSION as __version__
+except ImportError:  # the source tree (an in-place build)
+    from .version import __version__
+    _BUILD_INFO = None
+
+
+def build_info():
+    """What the installed wheel was built for ({"cuda", "torch", "archs"}), or None in a source tree."""
+    return dict(_BUILD_INFO) if _BUILD_INFO else None

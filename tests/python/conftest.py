@@ -1,18 +1,27 @@
-"""Test setup: import sonicmoe from python/ (build the extension in place first), and the
-skip conditions shared by the GPU tests."""
+"""Test setup: import sonicmoe, and the skip conditions shared by the GPU tests.
+
+SONICMOE_TEST_INSTALLED=1 (scripts/test.sh) tests the installed package, the wheel, and refuses
+to run on the source tree; otherwise sonicmoe comes from python/ (build the extension in place
+first: python setup.py build_ext --inplace)."""
 
 import json
+import os
 import pathlib
 import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if os.environ.get("SONICMOE_TEST_INSTALLED") != "1":
+    sys.path.insert(0, str(_ROOT / "python"))
 
 import sonicmoe  # noqa: E402
 
-_ANCHORS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "anchors" / "h200-2026-11-29.json"
+if os.environ.get("SONICMOE_TEST_INSTALLED") == "1" and (_ROOT / "python") in pathlib.Path(sonicmoe.__file__).parents:
+    raise RuntimeError(f"SONICMOE_TEST_INSTALLED=1 but sonicmoe was imported from the source tree ({sonicmoe.__file__})")
+
+_ANCHORS = _ROOT / "benchmarks" / "anchors" / "h200-2026-11-29.json"
 # The anchor configs (shared/anchors): name -> dict(T, d, n, E, K).
 ANCHOR_CONFIGS = {}
 for _row in json.loads(_ANCHORS.read_text())["rows"]:
