@@ -35,5 +35,13 @@ command -v nvcc >/dev/null || { echo "nvcc not found: set CUDA_HOME to a CUDA 13
 [ "${1:-}" = "--deps-only" ] && exit 0
 
 echo "== building sonicmoe._C in place (archs: ${SONICMOE_CUDA_ARCHS:-90a}, jobs: ${MAX_JOBS:-$(nproc)})"
-"$PY" setup.py build_ext --inplace >build-ext.log 2>&1 || { tail -n 60 build-ext.log; exit 1; }
+"$PY" setup.py build_ext --inplace >build-ext.log 2>&1 &
+build=$!
+while kill -0 "$build" 2>/dev/null; do  # a progress line from ninja's [done/total] counts
+  step=$(grep -o '^\[[0-9]*/[0-9]*\]' build-ext.log 2>/dev/null | tail -n 1 || true)
+  [ -t 1 ] && printf '\r   compiling %s ' "${step:-(configuring)}"
+  sleep 5
+done
+[ -t 1 ] && echo
+wait "$build" || { tail -n 60 build-ext.log; exit 1; }
 echo "   built $(ls python/sonicmoe/_C*.so)"
