@@ -46,8 +46,10 @@ def build_version():
     cuda = (torch.version.cuda or "").replace(".", "")
     torch_mm = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     archs = ".".join("sm" + a for a in ARCHS.replace(",", ";").split(";") if a)
-    return f"{base}+cu{cuda}torch{torch_mm}{archs}", {"cuda": torch.version.cuda, "torch": torch.__version__,
-                                                        "archs": ARCHS}
+    info = {"cuda": torch.version.cuda, "torch": torch.__version__, "archs": ARCHS}
+    if "sdist" in sys.argv:  # sources are built for nothing yet
+        return base, info
+    return f"{base}+cu{cuda}torch{torch_mm}{archs}", info
 
 
 VERSION, BUILD_INFO = build_version()
