@@ -32,7 +32,7 @@ try:
 except ImportError as err:  # the core never needs transformers; this module does
     raise ImportError(
         "sonicmoe.integrations.transformers needs the Hugging Face `transformers` package "
-        "(pip install 'transformers>=5.25,<6'); it is not installed") from err
+        "(pip install 'transformers>=5.17,<6'); it is not installed") from err
 
 import torch
 import torch.nn.functional as F
