@@ -1,0 +1,5 @@
+"""Optional integrations with other libraries (DESIGN §11).
+
+Nothing here is imported by `import sonicmoe`; each submodule needs its library:
+sonicmoe.integrations.transformers needs Hugging Face transformers.
+"""
