@@ -160,9 +160,11 @@ def _raise_together(headers, my_rank, my_error):
                              "same layer config and x.shape[-1])")
 
 
-def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank, header, error, run_local):
+def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank, header, error, run_local,
+                      out_shape=None):
     """Steps 2-6 of the module docstring for routed rows: x2 (T, d), scores (T, K) float,
-    experts (T, K) global ids. run_local(rows, row_scores (R, 1), local_ids (R, 1)) -> (R, d)."""
+    experts (T, K) global ids. run_local(rows, row_scores (R, 1), local_ids (R, 1)) -> (R, d).
+    Returns out_shape (default (T, d))."""
     local = num_experts // ep_size
     if error is None:
         T, K = experts.shape
@@ -185,10 +187,13 @@ def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank,
     local_ids = ids.repeat_interleave(recv_counts.reshape(-1), output_size=sum(recv_rows))
     y = run_local(recv_x, recv_s.unsqueeze(1), local_ids.unsqueeze(1))
     back = all_to_all_rows(y, send_rows, recv_rows, group)
+    out_shape = tuple(out_shape) if out_shape is not None else tuple(x2.shape)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    # fp32 accumulation over K, as the single-GPU combine (K3).
-    return back.index_select(0, inverse).view(T, K, -1).sum(dim=1, dtype=torch.float32).to(x2.dtype)
+    # fp32 accumulation over K, as the single-GPU combine (K3); summed straight into out_shape so
+    # that the result is no view (FSDP2 warns of views: an in-place op on one skips its hook).
+    rows = back.index_select(0, inverse).view(*out_shape[:-1], K, out_shape[-1])
+    return rows.sum(dim=-2, dtype=torch.float32).to(x2.dtype)
 
 
 def _input_error(x, router_weight, w1, w2, scores=None, experts=None):
@@ -328,8 +333,7 @@ class ExpertParallelMoE(nn.Module):
             logits = F.linear(x2, router_weight)
             scores, experts = scores_from_logits(logits.float(), self.top_k, self.routing)
         out = _dispatch_combine(x2, scores, experts, self.num_experts, self.ep_group, self.ep_size, self.ep_rank,
-                                header, error, self.experts)
-        out = out if out.shape == x.shape else out.reshape(x.shape)
+                                header, error, self.experts, None if error else x.shape)
         return (out, logits) if self.return_router_logits else out
 
     def extra_repr(self):
@@ -393,5 +397,9 @@ def fully_shard_moe(model: nn.Module, mesh, *, mp_policy=None, reshard_after_for
     for layer in layers_ep:
         fully_shard(layer.experts, mesh=mesh["dp"], **expert_kw)
         layer.experts.set_gradient_divide_factor(float(mesh.size()))
+        # gloo has no PREMUL_SUM: sum, then divide. Not on one rank, where FSDP2 (torch 2.14) divides
+        # by the factor once in its copy and again after it when forced.
+        if mesh["dp"].size() > 1 and str(dist.get_backend(mesh["dp"].get_group())).lower() == "gloo":
+            layer.experts.set_force_sum_reduction_for_comms(True)
         fully_shard(layer, mesh=dense, **kw)
     return fully_shard(model, mesh=dense, **kw)
