@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import reference
+from ._ops import ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, on_kernels, router_topk
 from .functional import moe_routed
 from .layer import MoE
 from .routing import scores_from_logits
@@ -196,6 +197,23 @@ def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank,
     return rows.sum(dim=-2, dtype=torch.float32).to(x2.dtype)
 
 
+def _route(logits, top_k, routing):
+    """Differentiable fp32 scores (T, K) and expert ids, with the single-GPU layer's decisions: on
+    the kernels R picks the experts (its tie rule: lower id first), torch recomputes the scores at
+    them so their gradient reaches the router; elsewhere scores_from_logits, as sonicmoe.moe."""
+    E = logits.shape[1]
+    if not (on_kernels(logits) and E <= ROUTER_MAX_EXPERTS and top_k <= ROUTER_MAX_TOP_K):
+        return scores_from_logits(logits.float(), top_k, routing)
+    experts = router_topk(logits.detach(), top_k, routing)[1].long()
+    logits = logits.float()
+    if routing == "topk_softmax":
+        return logits.gather(1, experts).softmax(dim=-1), experts
+    scores = logits.softmax(dim=-1).gather(1, experts)
+    if routing == "softmax_topk_norm":
+        scores = scores / scores.sum(dim=-1, keepdim=True)
+    return scores, experts
+
+
 def _input_error(x, router_weight, w1, w2, scores=None, experts=None):
     """The local input rules, as a message (None where they hold); no communication."""
     try:
@@ -331,7 +349,7 @@ class ExpertParallelMoE(nn.Module):
         if error is None:
             x2 = x.reshape(-1, d)
             logits = F.linear(x2, router_weight)
-            scores, experts = scores_from_logits(logits.float(), self.top_k, self.routing)
+            scores, experts = _route(logits, self.top_k, self.routing)
         out = _dispatch_combine(x2, scores, experts, self.num_experts, self.ep_group, self.ep_size, self.ep_rank,
                                 header, error, self.experts, None if error else x.shape)
         return (out, logits) if self.return_router_logits else out

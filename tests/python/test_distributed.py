@@ -430,3 +430,20 @@ def test_one_gpu_nccl_kernels():
     assert HOPPER_SKIP_REASON is None
     failures = spawn(1, ["gpu"], target=_gpu_worker, deadline=300)["gpu"]
     assert not failures, "\n".join(failures)
+
+
+def test_benchmark_script_cpu(tmp_path):
+    """benchmarks/distributed.py under torchrun, gloo, world 2, tiny config: runs, checks, writes JSON."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "dist.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), os.path.join(root, "benchmarks", "distributed.py"), "--device", "cpu", "--tiny",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert all(v["ok"] for v in result["check"].values()), result["check"]
+    assert [r["mode"] for r in result["rows"]] == ["plain", "ep", "fsdp", "fsdp_ep"]
+    assert all(r["tokens_per_s_per_rank"] > 0 for r in result["rows"])
