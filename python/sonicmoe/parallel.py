@@ -162,18 +162,16 @@ def _raise_together(headers, my_rank, my_error):
 
 
 def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank, header, error, run_local,
-                      out_shape=None):
+                      device, out_shape=None):
     """Steps 2-6 of the module docstring for routed rows: x2 (T, d), scores (T, K) float,
     experts (T, K) global ids. run_local(rows, row_scores (R, 1), local_ids (R, 1)) -> (R, d).
     Returns out_shape (default (T, d))."""
     local = num_experts // ep_size
-    if error is None:
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    if error is None:  # else the header's flag tells every rank; nothing of x is read
         T, K = experts.shape
         flat = experts.reshape(-1).long()
-        counts = torch.zeros(num_experts, dtype=torch.int64, device=x2.device)
         counts.scatter_add_(0, flat, torch.ones_like(flat))
-    else:  # the header's flag tells every rank; nothing of x is read
-        counts = torch.zeros(num_experts, dtype=torch.int64, device=x2.device)
     headers, send_rows, recv_rows, recv_counts = _exchange_counts(counts, header, group, ep_size)
     _raise_together(headers, ep_rank, error)
 
@@ -184,7 +182,7 @@ def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank,
     recv_x = all_to_all_rows(send_x, recv_rows, send_rows, group)
     recv_s = all_to_all_rows(send_s, recv_rows, send_rows, group)
     # Received rows come by source rank, each source's by local expert.
-    ids = torch.arange(local, device=x2.device).repeat(ep_size)
+    ids = torch.arange(local, device=device).repeat(ep_size)
     local_ids = ids.repeat_interleave(recv_counts.reshape(-1), output_size=sum(recv_rows))
     y = run_local(recv_x, recv_s.unsqueeze(1), local_ids.unsqueeze(1))
     back = all_to_all_rows(y, send_rows, recv_rows, group)
@@ -226,7 +224,10 @@ def _input_error(x, router_weight, w1, w2, scores=None, experts=None):
                                  f"{router_weight.shape[1]} (router_weight's)")
             reference._check_same_dtype("router_weight", router_weight, x2)
         reference._check_expert_weights(x2, w1, w2)
-        if scores is not None:
+        if scores is not None or experts is not None:
+            if not isinstance(scores, torch.Tensor) or not isinstance(experts, torch.Tensor):
+                raise ValueError(f"scores, experts: expected tensors (T, K), got {type(scores).__name__}, "
+                                 f"{type(experts).__name__}")
             reference.check_routed_args(x2, w1, w2, scores, experts)
         devices = {t.device for t in (x2, w1, w2, router_weight, scores, experts) if t is not None}
         if len(devices) != 1:
@@ -247,15 +248,15 @@ def moe_routed_expert_parallel(x, w1, w2, scores, experts, num_experts, group):
     _check_ep_split(num_experts, ep_size, w1.shape[0] if w1.dim() == 3 else None)
     _check_group_device(group, w1.device, "w1")
     error = _input_error(x, None, w1, w2, scores, experts)
-    d = x.shape[-1] if x.dim() else -1
-    header = [int(error is not None), d, num_experts, w2.shape[-1], experts.shape[-1] if experts.dim() else -1,
-              0, _DTYPE_CODES.get(x.dtype, 0)]
+    header = [int(error is not None), x.shape[-1] if error is None else -1, num_experts, w2.shape[-1],
+              experts.shape[-1] if error is None else -1, 0, _DTYPE_CODES.get(getattr(x, "dtype", None), 0)]
 
     def run_local(rows, row_scores, ids):
         return moe_routed(rows, w1, w2, row_scores, ids)
 
-    x2 = x.reshape(-1, d) if error is None else x
-    return _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank, header, error, run_local)
+    x2 = x.reshape(-1, x.shape[-1]) if error is None else None
+    return _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank, header, error, run_local,
+                             w1.device)
 
 
 class LocalExperts(nn.Module):
@@ -341,17 +342,16 @@ class ExpertParallelMoE(nn.Module):
         _check_group_device(self.ep_group, self.router_weight.device, "router_weight")
         router_weight, w1, w2 = self.router_weight, self.experts.w1, self.experts.w2
         error = _input_error(x, router_weight, w1, w2)
-        d = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() else -1
+        d = x.shape[-1] if error is None else -1
         header = [int(error is not None), d, self.num_experts, w2.shape[-1], self.top_k,
                   _ROUTING_CODES[self.routing], _DTYPE_CODES.get(getattr(x, "dtype", None), 0)]
-        scores = experts = logits = None
-        x2 = x
+        scores = experts = logits = x2 = None
         if error is None:
             x2 = x.reshape(-1, d)
             logits = F.linear(x2, router_weight)
             scores, experts = _route(logits, self.top_k, self.routing)
         out = _dispatch_combine(x2, scores, experts, self.num_experts, self.ep_group, self.ep_size, self.ep_rank,
-                                header, error, self.experts, None if error else x.shape)
+                                header, error, self.experts, router_weight.device, None if error else x.shape)
         return (out, logits) if self.return_router_logits else out
 
     def extra_repr(self):

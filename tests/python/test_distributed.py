@@ -250,6 +250,14 @@ def scenario_bad_input(rank, world, failures):
     x, _ = _inputs(world, rank)
     bad = x[..., : D - 1] if rank == 0 else x
     _expect_error(failures, "bad x", lambda: ep(bad), "x.shape[-1]" if rank == 0 else "EP ranks [0] refused")
+    _expect_error(failures, "bad dtype", lambda: ep(x.double() if rank == world - 1 else x),
+                  "dtype" if rank == world - 1 else f"EP ranks [{world - 1}] refused")
+    # moe_routed_expert_parallel: one rank's float expert ids.
+    w1, w2 = ep.experts.w1.detach(), ep.experts.w2.detach()
+    x2 = x.reshape(-1, D)
+    ids = torch.zeros(x2.shape[0], K, dtype=torch.float32 if rank == 0 else torch.int64)
+    _expect_error(failures, "routed bad ids", lambda: sonicmoe.parallel.moe_routed_expert_parallel(
+        x2, w1, w2, torch.ones(x2.shape[0], K), ids, E, mesh), "integer dtype" if rank == 0 else "refused")
     # Ranks disagreeing on the config (top_k): all raise.
     other = parallelize_moe(copy.deepcopy(moe), mesh)
     other.top_k = K + rank
