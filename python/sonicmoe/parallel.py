@@ -31,6 +31,13 @@ backward brings them home); the router's gradient holds the rank's own tokens on
 replicated parameter, and must be reduced over the data-parallel ranks (fully_shard_moe does,
 as does DDP). fully_shard_moe averages both kinds over all data-parallel ranks (see there).
 
+FSDP2: sonicmoe.MoE needs nothing special. In forward FSDP2 hands the layer unsharded parameters
+that are fresh contiguous tensors (its own all-gather output per parameter), so w1 / w2 meet the
+kernels' rule (contiguous, 16-byte aligned); where something else hands a view into a flat buffer,
+the kernel path refuses with an error naming w1 / w2 and the fix. Activation checkpointing and
+torch.compile compose with both (the host read of the counts breaks a compiled graph once per EP
+layer).
+
 Bad input never hangs: configuration errors that every rank sees alike (E not divisible by the
 EP size, token_rounding, a mesh of the wrong device or shape) raise before any communication;
 an error in one rank's input (its x) rides in the count exchange, which every rank always
