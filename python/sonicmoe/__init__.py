@@ -6,7 +6,7 @@ grouped GEMMs (K2, K6), combine (K3, K8), the backward through the down-projecti
 sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
 """
 
-from . import reference
+from . import parallel, reference
 from ._ops import (GEMM_TILE_CONFIGS, combine, combine_csr, combine_dx, device_routing_metadata, down_proj_grad,
                    extension_available, grouped_gemm, grouped_gemm_kn, h_column_order, router_topk, up_proj,
                    weight_grad)
@@ -30,6 +30,7 @@ __all__ = [
     "h_column_order",
     "moe",
     "moe_routed",
+    "parallel",
     "reference",
     "router_topk",
     "routing_metadata",
