@@ -491,7 +491,10 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     top_k = reference._check_top_k(top_k, E)
 
     def result(out, logits):
-        return (out.reshape(x.shape), logits) if return_router_logits else out.reshape(x.shape)
+        # (T, d) comes back as the layer's own tensor, not a view of it: FSDP2 warns of (and skips
+        # its pre-backward hook under) an in-place op on a module's view output.
+        out = out if out.shape == x.shape else out.reshape(x.shape)
+        return (out, logits) if return_router_logits else out
 
     if routing == "token_rounding":
         if not _kernel_path(x.reshape(-1, d), w1, w2):
