@@ -14,7 +14,11 @@
 #include "common/once_per_device.h"
 #include "common/tile_size.h"
 #include "sm90/collective/varlen_mainloop_sm90.cuh"
-#include "sm90/fusion/varlen_epilogue_sm90.cuh"
+#include "sm90/epilogue/store_epilogue_sm90.cuh"
+#include "sm90/epilogue/row_addend_store_epilogue_sm90.cuh"
+#include "sm90/epilogue/swiglu_epilogue_sm90.cuh"
+#include "sm90/epilogue/dswiglu_epilogue_sm90.cuh"
+#include "sm90/epilogue/dswiglu_smem_source_epilogue_sm90.cuh"
 #include "sm90/varlen_gemm_kernel_sm90.cuh"
 #include "sm90/varlen_tile_scheduler.cuh"
 #include "sonicmoe.h"
@@ -178,7 +182,7 @@ Status launch_varlen_k_gemm(typename Kernel::Params& params, const int32_t* expe
                                    rows_end_early, int64_t(num_experts) * m_blocks * n_blocks);
 }
 
-// The ping-pong tile shape of the varlen kernels (measured: docs/perf-notes.md); K5/K7 use it.
+// The ping-pong tile shape of the varlen kernels (measured on the H200); K5/K7 use it.
 constexpr int kVarlenTileM = 128, kVarlenTileN = 128, kVarlenTileK = 64, kVarlenStages = 6;
 // A cooperative tile's stage is 48 KB: 4 of them and the two staging buffers fill smem.
 constexpr int kVarlenCooperativeStages = 4;
@@ -201,7 +205,7 @@ template <bool kKMajorB, GemmTileConfig kConfig = GemmTileConfig::kVarlenPingpon
 Status run_varlen_store_gemm(const GroupedGemmParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/false, kKMajorB>;
   // Quad-transposed stores: K2 and K6 0-12% faster than staged on every tile and config timed
-  // (docs/perf-notes.md, session 10).
+  // (H200).
   using Epilogue = std::conditional_t<kRowAddend, RowAddendStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>,
                                       StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kQuadTranspose>>;
   using Kernel = VarlenGemmKernel<Mainloop, Epilogue>;
@@ -235,7 +239,7 @@ template <GemmTileConfig kConfig>
 Status run_up_proj_varlen(const UpProjParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/true>;
   // Quad-transposed stores: the cooperative K1 2-11% faster than staged; the ping-pong K1, whose
-  // epilogue overlaps the other warpgroup's mainloop, up to 5% slower (docs/perf-notes.md, session 10).
+  // epilogue overlaps the other warpgroup's mainloop, up to 5% slower (H200).
   constexpr TileStore kStore = gemm_tile_shape(kConfig).pingpong ? TileStore::kStaged : TileStore::kQuadTranspose;
   using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN, kStore>>;
   typename Kernel::Params params{};
