@@ -51,8 +51,7 @@ Status run_weight_grad_with(const WeightGradParams& p) {
     params.epilogue.out = static_cast<Element*>(p.out);
   }
   params.m_out = static_cast<int>(p.m_out);
-  return launch_varlen_k_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                      p.stream, p.partial_rows);
+  return launch_varlen_k_gemm<Kernel>(params, p);
 }
 
 // K5 / K7 on cooperative tiles: the gathered operand 128 wide (cp.async), the other 256 wide by
