@@ -118,8 +118,8 @@ Status prepare_on_device(const cudaLaunchConfig_t& cluster_config, int* resident
 
 // Fills the routing fields of params from the varlen problem and launches the persistent grid on
 // problem.stream: one CTA per SM of problem.sm_count, or per tile where there are fewer tiles (at
-// most max_tiles); rows past expert_offsets[E] are not written with problem.partial_rows. A kernel of
-// 2 x 1 clusters gets an even grid of at most as many clusters as can be resident at once (the
+// most max_tiles); with problem.partial_rows, rows past expert_offsets[E] are not written. A
+// kernel of 2 x 1 clusters gets an even grid of at most as many clusters as can be resident at once (the
 // SMs of a GPC pair up, so an odd GPC leaves one SM out), as sm_count holds and as there are
 // pairs of tiles (max_tiles / 2). An sm_count below the device's leaves SMs to other streams.
 template <class Kernel>

@@ -5,9 +5,9 @@
 // H arrives in registers as 16-byte chunks already in the accumulator's layout (H's column
 // order, common/h_column_order.h; a trailing partial block is transposed across the quad); dH
 // and A' leave in column order, transposed across each quad into 16-byte chunks
-// (TileStore::kQuadTranspose; staging them through shared memory measured slower on the H200). The dS partial of each row and 128-column slot (kSlotCols)
-// goes to its own place, summed over the slots in a fixed order later (deterministic, no
-// atomics).
+// (TileStore::kQuadTranspose; staging them through shared memory measured slower on the H200).
+// The dS partial of each row and 128-column slot (kSlotCols) goes to its own place, summed over
+// the slots in a fixed order later (deterministic, no atomics).
 //
 // This header holds what K4's two epilogues (dswiglu_epilogue_sm90.cuh: H in registers;
 // dswiglu_smem_source_epilogue_sm90.cuh: H through shared memory) share: the math of 4 column

@@ -88,8 +88,8 @@ constexpr bool check_epilogue_interface() {
   static_assert(std::is_trivially_copyable_v<Params>, "Epilogue::Params travels in the kernel's grid constant");
   static_assert(std::is_same_v<decltype(Epilogue::n_blocks(std::declval<const Params&>())), int>,
                 "Epilogue::n_blocks(const Params&) returns the n tiles of an expert as int");
-  static_assert(sizeof(decltype(Epilogue::b_rows(std::declval<const Params&>(), std::declval<const VarlenTile&>()))) > 0,
-                "Epilogue::b_rows(const Params&, const VarlenTile&) gives the B box origins");
+  using BRows = decltype(Epilogue::b_rows(std::declval<const Params&>(), std::declval<const VarlenTile&>()));
+  static_assert(sizeof(BRows) > 0, "Epilogue::b_rows(const Params&, const VarlenTile&) gives the B box origins");
   static_assert(!LoadsSource<Epilogue>::value || HasOwnSmemTile<Epilogue>::value,
                 "an epilogue with init_source loads its source into its own SmemTile");
   return true;
