@@ -57,33 +57,50 @@ enum class WeightLayout : int {
   kKN = 1,  // b (num_experts, k, n_out), n_out contiguous: out = a @ b[e] (dH @ w1: K6)
 };
 
-// Varlen-M grouped GEMM (K2 of DESIGN §4):
-//   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
-// All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
-struct GroupedGemmParams {
-  const void* a = nullptr;                  // (m_total, k) bf16, rows sorted by expert
-  const void* b = nullptr;                  // (num_experts, n_out, k) bf16 (the w2 layout)
-  void* out = nullptr;                      // (m_total, n_out) bf16
+// The varlen problem every grouped GEMM of the library shares: m_total rows sorted by expert,
+// expert e owning rows [expert_offsets[e], expert_offsets[e+1]), computed by a persistent grid
+// on params.stream. Each op's params struct derives from it (or from GatheredVarlenProblem) and
+// adds its tensors and sizes; fields are set by name.
+struct VarlenProblem {
   const int32_t* expert_offsets = nullptr;  // (num_experts + 1) int32, device memory
-  int64_t m_total = 0;
-  int64_t n_out = 0;
-  int64_t k = 0;
+  int64_t m_total = 0;                      // sorted rows
   int num_experts = 0;
-  void* workspace = nullptr;                // device memory, grouped_gemm_workspace_size() bytes
-  size_t workspace_bytes = 0;
   int sm_count = 0;                         // SMs the persistent grid may use
-  GemmTileConfig config = GemmTileConfig::kAuto;
-  WeightLayout b_layout = WeightLayout::kNK;  // kKN: varlen kernel only (kAuto picks it)
   // expert_offsets[E] may stop short of m_total (routing whose row count is known only on the
   // device, e.g. token rounding into an upper-bound buffer); rows past it are not written.
   // Varlen kernel only (kAuto picks it).
   bool partial_rows = false;
+  // kAuto lets the op's heuristic choose (csrc/sm90/heuristics.h); which others an op takes is
+  // written at its params struct.
+  GemmTileConfig config = GemmTileConfig::kAuto;
+  cudaStream_t stream = nullptr;
+};
+
+// A varlen problem with one operand gathered inside the GEMM's loads (no gathered copy): sorted
+// row r reads row gather_idx[r] of a (num_tokens, ...) source.
+struct GatheredVarlenProblem : VarlenProblem {
+  const int32_t* gather_idx = nullptr;  // (m_total), sorted row -> token, device
+  int64_t num_tokens = 0;
+};
+
+// Varlen-M grouped GEMM (K2 of docs/design.md §4):
+//   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
+// All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
+// config: any GemmTileConfig (b_layout kKN and partial_rows: kAuto or a varlen one).
+struct GroupedGemmParams : VarlenProblem {
+  const void* a = nullptr;                  // (m_total, k) bf16, rows sorted by expert
+  const void* b = nullptr;                  // (num_experts, n_out, k) bf16 (the w2 layout)
+  void* out = nullptr;                      // (m_total, n_out) bf16
+  int64_t n_out = 0;
+  int64_t k = 0;
+  void* workspace = nullptr;                // device memory, grouped_gemm_workspace_size() bytes
+  size_t workspace_bytes = 0;
+  WeightLayout b_layout = WeightLayout::kNK;  // kKN: varlen kernel only (kAuto picks it)
   // kKN only (K6), both or neither: out[r] += addend_scale[r] * addend_rows[e] for the rows r of
   // expert e, added to the fp32 accumulators before the one bf16 rounding (the router's part of
   // dx where d_logits is zero off the chosen experts: d_logits[t, e] * router_weight[e]).
   const float* addend_scale = nullptr;  // (m_total) fp32
   const void* addend_rows = nullptr;    // (num_experts, n_out) bf16, 16-byte aligned
-  cudaStream_t stream = nullptr;
 };
 
 // Shape rules of the grouped GEMM (sizes and config only, no pointers), checked on the host.
@@ -104,29 +121,21 @@ GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_
 // stop the kernel with a device-side trap rather than reading out of bounds.
 Status run_grouped_gemm(const GroupedGemmParams& params);
 
-// Up-projection with SwiGLU (K1 of DESIGN §4), for rows r of the sorted layout in expert e:
+// Up-projection with SwiGLU (K1 of docs/design.md §4), for rows r of the sorted layout in expert e:
 //   h[r, :] = w1[e] @ x[gather_idx[r], :]            (2n: gate then up, fp32 accumulate)
 //   a[r, :] = silu(h[r, :n]) * h[r, n:]              (computed from the fp32 h)
 // x rows are gathered inside the GEMM's A load (no gathered copy of x), and w1 is read in its
 // public (E, 2n, d) layout. All tensors row-major, contiguous, bf16.
-struct UpProjParams {
+// gather_idx gathers x. config: kAuto or a varlen configuration (is_varlen_config); kAuto:
+// sm90/heuristics.h (choose_up_proj_config).
+struct UpProjParams : GatheredVarlenProblem {
   const void* x = nullptr;                  // (num_tokens, d)
   const void* w1 = nullptr;                 // (num_experts, 2n, d)
-  const int32_t* expert_offsets = nullptr;  // (num_experts + 1), device
-  const int32_t* gather_idx = nullptr;      // (m_total), sorted row -> token, device
   // (m_total, 2n) in H's column order (common/h_column_order.h), or nullptr to not keep H
   void* h = nullptr;
   void* a = nullptr;                        // (m_total, n)
-  int64_t num_tokens = 0;
-  int64_t m_total = 0;
   int64_t d = 0;
   int64_t n = 0;
-  int num_experts = 0;
-  int sm_count = 0;
-  bool partial_rows = false;  // as in GroupedGemmParams
-  // kAuto or a varlen configuration (is_varlen_config); kAuto: sm90/heuristics.h (choose_up_proj_config).
-  GemmTileConfig config = GemmTileConfig::kAuto;
-  cudaStream_t stream = nullptr;
 };
 
 // Shape rules of the up-projection (no pointers); "" when supported.
@@ -136,32 +145,24 @@ std::string check_up_proj(const UpProjParams& params);
 // outside [0, num_tokens) stop the kernel with a device-side trap.
 Status run_up_proj(const UpProjParams& params);
 
-// Backward through the down-projection and SwiGLU (K4 of DESIGN §4), for rows r of expert e:
+// Backward through the down-projection and SwiGLU (K4 of docs/design.md §4), for rows r of expert e:
 //   dA'[r] = w2[e]^T @ d_out[gather_idx[r]]   (n, fp32; d_out rows gathered in the A load)
 //   A = silu(gate) * up from h[r], s = row_score[r], dA = s * dA'
 //   d_h[r] = [dA * up * silu'(gate), dA * silu(gate)],  a_scaled[r] = s * A  (bf16)
 //   d_score_partial[r, j] = sum of dA' * A over n columns [128 j, 128 j + 128)  (fp32)
-struct DownProjGradParams {
+// gather_idx gathers d_out. config as in UpProjParams (kAuto: choose_down_proj_grad_config).
+// With partial_rows, d_h and a_scaled are also zeroed on their first kRowsZeroedPastEnd rows past
+// expert_offsets[E] (see run_zero_rows_past_end).
+struct DownProjGradParams : GatheredVarlenProblem {
   const void* d_out = nullptr;              // (num_tokens, d) bf16
   const void* w2 = nullptr;                 // (num_experts, d, n) bf16
   const void* h = nullptr;                  // (m_total, 2n) bf16, kept by the up-projection (in its column order)
   const float* row_score = nullptr;         // (m_total) fp32
-  const int32_t* expert_offsets = nullptr;  // (num_experts + 1)
-  const int32_t* gather_idx = nullptr;      // (m_total)
   void* d_h = nullptr;                      // (m_total, 2n) bf16
   void* a_scaled = nullptr;                 // (m_total, n) bf16
   float* d_score_partial = nullptr;         // (m_total, ceil(n / 128)) fp32
-  int64_t num_tokens = 0;
-  int64_t m_total = 0;
   int64_t d = 0;
   int64_t n = 0;
-  int num_experts = 0;
-  int sm_count = 0;
-  // As in GroupedGemmParams; then d_h and a_scaled are also zeroed on their first
-  // kRowsZeroedPastEnd rows past expert_offsets[E] (see run_zero_rows_past_end).
-  bool partial_rows = false;
-  GemmTileConfig config = GemmTileConfig::kAuto;  // as in UpProjParams
-  cudaStream_t stream = nullptr;
 };
 constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial slot
 std::string check_down_proj_grad(const DownProjGradParams& params);
@@ -181,44 +182,36 @@ constexpr int kMaxBuffersZeroedPastEnd = 2;
 Status run_zero_rows_past_end(const int32_t* end_row, int64_t rows, int count,
                               std::initializer_list<RowMajorBuffer> buffers, cudaStream_t stream);
 
-// Expert weight gradients (K5 and K7 of DESIGN §4), varlen-K grouped GEMMs: for each expert e,
+// Expert weight gradients (K5 and K7 of docs/design.md §4), varlen-K grouped GEMMs: for each expert e,
 //   out[e] = sum over the sorted rows r of e of  a_row(r)^T b_row(r)   (m_out x n_out, fp32
 //   accumulate, bf16 out)
 // where the gathered operand's row r is its row gather_idx[r] and the other's is its row r:
 //   gather_a: a (num_tokens, m_out), b (m_total, n_out)   K5: dW2 = dO[gather]^T A'
 //   else:     a (m_total, m_out), b (num_tokens, n_out)   K7: dW1 = dH^T x[gather]
 // The gather runs inside the loads (no gathered copy). An expert with no rows gets exact zeros.
-struct WeightGradParams {
+// config (VarlenProblem::config), with partial_rows as in VarlenProblem:
+//   kVarlenPingpong128x128x64; or cooperative with the gathered side 128 wide:
+//   kVarlenCooperative128x256x64 when gather_a, kVarlenCooperative256x128x64 otherwise, either
+//   in 2 x 1 clusters as kVarlenCooperative128x256x64C2x1; kAuto: sm90::choose_weight_grad_config
+//   (ping-pong with partial_rows, unless rows_past_end_zeroed). A cooperative tile reads its other operand by TMA in whole
+//   64-row boxes, so with partial_rows that operand's first kRowsZeroedPastEnd rows past
+//   expert_offsets[E] must be finite (down_proj_grad zeroes them in its outputs); they meet
+//   zero-filled rows of the gathered operand.
+struct WeightGradParams : GatheredVarlenProblem {
   const void* a = nullptr;
   const void* b = nullptr;
-  const int32_t* expert_offsets = nullptr;  // (num_experts + 1), device
-  const int32_t* gather_idx = nullptr;      // (m_total), sorted row -> token, device
   void* out = nullptr;                      // (num_experts, m_out, n_out) bf16
-  int64_t num_tokens = 0;
-  int64_t m_total = 0;
   int64_t m_out = 0;
   int64_t n_out = 0;
-  int num_experts = 0;
   bool gather_a = true;
-  int sm_count = 0;
-  bool partial_rows = false;  // as in GroupedGemmParams
-  // kVarlenPingpong128x128x64; or cooperative with the gathered side 128 wide:
-  // kVarlenCooperative128x256x64 when gather_a, kVarlenCooperative256x128x64 otherwise, either
-  // in 2 x 1 clusters as kVarlenCooperative128x256x64C2x1; kAuto: sm90::choose_weight_grad_config
-  // (ping-pong with partial_rows). A cooperative tile reads its other operand by TMA in whole
-  // 64-row boxes, so with partial_rows that operand's first kRowsZeroedPastEnd rows past
-  // expert_offsets[E] must be finite (down_proj_grad zeroes them in its outputs); they meet
-  // zero-filled rows of the gathered operand.
-  GemmTileConfig config = GemmTileConfig::kAuto;
   // The caller guarantees those rows finite (the layer passes down_proj_grad's outputs): kAuto
   // then chooses by the shape alone, partial_rows or not.
   bool rows_past_end_zeroed = false;
-  cudaStream_t stream = nullptr;
 };
 std::string check_weight_grad(const WeightGradParams& params);
 Status run_weight_grad(const WeightGradParams& params);
 
-// Combine (K3 of DESIGN §4): out[t, :] = sum_k scores[t, k] * y[rev_idx[t, k], :].
+// Combine (K3 of docs/design.md §4): out[t, :] = sum_k scores[t, k] * y[rev_idx[t, k], :].
 // Deterministic (a fixed summation order, no atomics), fp32 accumulation, bf16 out.
 struct CombineParams {
   const void* y = nullptr;              // (num_rows, d) bf16, the sorted layout
@@ -232,7 +225,7 @@ struct CombineParams {
   cudaStream_t stream = nullptr;
 };
 
-// K8 (DESIGN §4): dx[t, :] = addend[t, :] + sum_k dx_rows[rev_idx[t, k], :], addend optional (the
+// K8 (docs/design.md §4): dx[t, :] = addend[t, :] + sum_k dx_rows[rev_idx[t, k], :], addend optional (the
 // router's part of dx, d_logits @ router_weight). Deterministic, fp32 sums, one bf16 rounding.
 struct CombineDxParams {
   const void* dx_rows = nullptr;     // (num_rows, d) bf16, the sorted layout (K6's dX~)
@@ -272,7 +265,7 @@ std::string check_combine(const CombineParams& params);
 // with a device-side trap instead of reading out of bounds.
 Status run_combine(const CombineParams& params);
 
-// Routing R (DESIGN §4). Router top-K: scores[t, k] and experts[t, k] (by decreasing logit,
+// Routing R (docs/design.md §4). Router top-K: scores[t, k] and experts[t, k] (by decreasing logit,
 // ties to the lower expert id) from logits (T, E), fp32 or bf16.
 enum class RouterMode : int {
   kTopkSoftmax = 0,      // softmax over the K largest logits (Mixtral)
@@ -326,7 +319,7 @@ std::string check_router_backward(const RouterBackwardParams& params);
 // with a device-side trap.
 Status run_router_backward(const RouterBackwardParams& params);
 
-// Token rounding's probabilities (DESIGN §6): the softmax over all E in fp32 of logits (T, E),
+// Token rounding's probabilities (docs/design.md §6): the softmax over all E in fp32 of logits (T, E),
 // fp32 or bf16, with the top-K choice of R (ties to the lower expert id), written expert-major
 // for the rounding kernels: probs_t (E, T) fp32 and chosen_t (E, T) bool; and row-major probs
 // (T, E) fp32 when non-null. Limits of R: E <= kMaxRouterExperts, K <= min(E, kMaxRouterTopK).
@@ -364,7 +357,7 @@ std::string check_sorted_layout(const SortedLayoutParams& params);
 size_t sorted_layout_workspace_size(int64_t num_tokens, int num_experts);
 Status run_sorted_layout(const SortedLayoutParams& params);
 
-// Token rounding (DESIGN §6): from the top-K choice, each expert's token count is rounded to a
+// Token rounding (docs/design.md §6): from the top-K choice, each expert's token count is rounded to a
 // multiple of tile by rule (0 nearest, ties up; 1 up; 2 down; capped at num_tokens) by flipping
 // fewer than tile tokens: its best unchosen ones by probability (ties to the lower token) or its
 // worst chosen ones (ties: the higher token first). One block per expert, no host sync; the

@@ -1,7 +1,7 @@
 // The sm90 varlen grouped GEMM kernel: composition of a tile scheduler (varlen_tile_scheduler.cuh),
 // a mainloop (collective/varlen_mainloop_sm90.cuh for varlen M: K1, K2, K4, K6;
-// collective/varlen_k_mainloop_sm90.cuh for varlen K: K5, K7) and an epilogue
-// (fusion/varlen_epilogue_sm90.cuh).
+// collective/varlen_k_mainloop_sm90.cuh for varlen K: K5, K7) and an epilogue (one of
+// epilogue/*_epilogue_sm90.cuh, to the interface of epilogue/epilogue_interface.h).
 //
 // 384 threads: warpgroup 0 produces (TMA, or cp.async gather plus TMA), warpgroups 1 and 2
 // consume, either in ping-pong (Mainloop::kConsumers == 1: they take alternate tiles of the
@@ -19,32 +19,10 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 
+#include "sm90/epilogue/epilogue_interface.h"
 #include "sm90/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
-
-// The epilogue's shared memory per consumer warpgroup: its own SmemTile where it has one (an
-// epilogue source by TMA: K4's H), else the staging tile of its EpilogueTile.
-template <class Epilogue, class = void>
-struct EpilogueSmemOf {
-  using type = typename Epilogue::Tile::SmemTile;
-};
-template <class Epilogue>
-struct EpilogueSmemOf<Epilogue, std::void_t<typename Epilogue::SmemTile>> {
-  using type = typename Epilogue::SmemTile;
-};
-
-// Whether the epilogue reads a source by TMA into its SmemTile (load_source, init_source).
-template <class Epilogue, class = void>
-struct LoadsSource : std::false_type {};
-template <class Epilogue>
-struct LoadsSource<Epilogue, std::void_t<decltype(&Epilogue::init_source)>> : std::true_type {};
-
-// Whether the epilogue has work after a consumer's last tile (finish: TMA stores in flight).
-template <class Epilogue, class = void>
-struct HasFinish : std::false_type {};
-template <class Epilogue>
-struct HasFinish<Epilogue, std::void_t<decltype(&Epilogue::finish)>> : std::true_type {};
 
 template <class Mainloop_, class Epilogue_,
           class Scheduler_ = VarlenTileScheduler<Mainloop_::kTileM, Mainloop_::kClusterM>>
@@ -58,6 +36,7 @@ struct VarlenGemmKernel {
   static constexpr int kClusterM = Mainloop::kClusterM;  // launched in 2 x 1 clusters when 2
   static_assert(kClusterM == 1 || kCooperative, "clusters only on cooperative tiles");
   static_assert(Mainloop::kConsumers == 1 || kCooperative, "one or two consumer warpgroups per tile");
+  static_assert(check_epilogue_interface<Epilogue>(), "the epilogue interface (epilogue/epilogue_interface.h)");
   static constexpr int kThreads = 384;
   // The gathering producer holds row tokens and cp.async addresses; at 56 registers it spilled
   // in its k loop (ncu: ~0.9M local-memory requests per call, K1 stalled on them).
@@ -65,7 +44,7 @@ struct VarlenGemmKernel {
   static constexpr int kConsumerRegs = Mainloop::kCpAsyncProducer ? 216 : 232;
   // setmaxnreg.inc takes registers from those the CTA has released: a thread starts with 168 (64K
   // over 384 threads, in steps of 8), so the budgets may add up to 3 x 168, not 512 (a kernel
-  // asking for more hangs in its consumers' first setmaxnreg: docs/perf-notes.md, session 27).
+  // asking for more hangs in its consumers' first setmaxnreg).
   static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
   static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * kEntryRegs, "more registers than the CTA starts with");
   using EpilogueSmem = typename EpilogueSmemOf<Epilogue>::type;

@@ -14,7 +14,11 @@
 #include "common/once_per_device.h"
 #include "common/tile_size.h"
 #include "sm90/collective/varlen_mainloop_sm90.cuh"
-#include "sm90/fusion/varlen_epilogue_sm90.cuh"
+#include "sm90/epilogue/store_epilogue_sm90.cuh"
+#include "sm90/epilogue/row_addend_store_epilogue_sm90.cuh"
+#include "sm90/epilogue/swiglu_epilogue_sm90.cuh"
+#include "sm90/epilogue/dswiglu_epilogue_sm90.cuh"
+#include "sm90/epilogue/dswiglu_smem_source_epilogue_sm90.cuh"
 #include "sm90/varlen_gemm_kernel_sm90.cuh"
 #include "sm90/varlen_tile_scheduler.cuh"
 #include "sonicmoe.h"
@@ -112,19 +116,20 @@ Status prepare_on_device(const cudaLaunchConfig_t& cluster_config, int* resident
   });
 }
 
-// Fills the routing fields of params and launches the persistent grid on `stream`: one CTA
-// per SM of sm_count, or per tile where there are fewer tiles (at most max_tiles). A kernel of
-// 2 x 1 clusters gets an even grid of at most as many clusters as can be resident at once (the
+// Fills the routing fields of params from the varlen problem and launches the persistent grid on
+// problem.stream: one CTA per SM of problem.sm_count, or per tile where there are fewer tiles (at
+// most max_tiles); with problem.partial_rows, rows past expert_offsets[E] are not written. A
+// kernel of 2 x 1 clusters gets an even grid of at most as many clusters as can be resident at once (the
 // SMs of a GPC pair up, so an odd GPC leaves one SM out), as sm_count holds and as there are
 // pairs of tiles (max_tiles / 2). An sm_count below the device's leaves SMs to other streams.
 template <class Kernel>
-Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_offsets,
-                         int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
-                         bool rows_end_early, int64_t max_tiles) {
-  params.rows_end_early = rows_end_early;
-  params.expert_offsets = expert_offsets;
-  params.num_experts = num_experts;
-  params.m_total = static_cast<int>(m_total);
+Status launch_persistent(typename Kernel::Params& params, const VarlenProblem& problem, int64_t max_tiles) {
+  const int sm_count = problem.sm_count;
+  const cudaStream_t stream = problem.stream;
+  params.rows_end_early = problem.partial_rows;
+  params.expert_offsets = problem.expert_offsets;
+  params.num_experts = problem.num_experts;
+  params.m_total = static_cast<int>(problem.m_total);
   auto* kernel = &varlen_gemm_kernel<Kernel>;
   constexpr int kClusterM = Kernel::kClusterM;
   cudaLaunchConfig_t config{};
@@ -156,29 +161,23 @@ Status launch_persistent(typename Kernel::Params& params, const int32_t* expert_
 
 // Varlen M (K1, K2, K4, K6): ceil(rows / kTileM) m blocks per expert.
 template <class Kernel>
-Status launch_varlen_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
-                          int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
-                          bool rows_end_early) {
+Status launch_varlen_gemm(typename Kernel::Params& params, const VarlenProblem& problem) {
   const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
-  return launch_persistent<Kernel>(params, expert_offsets, m_total, num_experts, sm_count, stream,
-                                   rows_end_early,
+  return launch_persistent<Kernel>(params, problem,
                                    // a cluster's pairs, each of kClusterM tiles
-                                   Kernel::kClusterM * varlen_max_tiles(m_total, num_experts,
+                                   Kernel::kClusterM * varlen_max_tiles(problem.m_total, problem.num_experts,
                                                                         Kernel::kTileM * Kernel::kClusterM, n_blocks));
 }
 
 // Varlen K (K5, K7): a fixed m_out x n_out output per expert, params.m_out set by the caller.
 template <class Kernel>
-Status launch_varlen_k_gemm(typename Kernel::Params& params, const int32_t* expert_offsets,
-                            int64_t m_total, int num_experts, int sm_count, cudaStream_t stream,
-                            bool rows_end_early) {
+Status launch_varlen_k_gemm(typename Kernel::Params& params, const VarlenProblem& problem) {
   const int64_t m_blocks = (params.m_out + Kernel::kTileM - 1) / Kernel::kTileM;
   const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
-  return launch_persistent<Kernel>(params, expert_offsets, m_total, num_experts, sm_count, stream,
-                                   rows_end_early, int64_t(num_experts) * m_blocks * n_blocks);
+  return launch_persistent<Kernel>(params, problem, int64_t(problem.num_experts) * m_blocks * n_blocks);
 }
 
-// The ping-pong tile shape of the varlen kernels (measured: docs/perf-notes.md); K5/K7 use it.
+// The ping-pong tile shape of the varlen kernels (measured on the H200); K5/K7 use it.
 constexpr int kVarlenTileM = 128, kVarlenTileN = 128, kVarlenTileK = 64, kVarlenStages = 6;
 // A cooperative tile's stage is 48 KB: 4 of them and the two staging buffers fill smem.
 constexpr int kVarlenCooperativeStages = 4;
@@ -201,7 +200,7 @@ template <bool kKMajorB, GemmTileConfig kConfig = GemmTileConfig::kVarlenPingpon
 Status run_varlen_store_gemm(const GroupedGemmParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/false, kKMajorB>;
   // Quad-transposed stores: K2 and K6 0-12% faster than staged on every tile and config timed
-  // (docs/perf-notes.md, session 10).
+  // (H200).
   using Epilogue = std::conditional_t<kRowAddend, RowAddendStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN>,
                                       StoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, TileStore::kQuadTranspose>>;
   using Kernel = VarlenGemmKernel<Mainloop, Epilogue>;
@@ -216,8 +215,7 @@ Status run_varlen_store_gemm(const GroupedGemmParams& p) {
     params.epilogue.addend_rows = static_cast<const cutlass::bfloat16_t*>(p.addend_rows);
     params.epilogue.m_total = static_cast<int>(p.m_total);
   }
-  return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                    p.stream, p.partial_rows);
+  return launch_varlen_gemm<Kernel>(params, p);
 }
 
 // A gathering mainloop's A operand: row r of the tile is src[gather_idx[r]], src (rows, k) bf16.
@@ -235,7 +233,7 @@ template <GemmTileConfig kConfig>
 Status run_up_proj_varlen(const UpProjParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/true>;
   // Quad-transposed stores: the cooperative K1 2-11% faster than staged; the ping-pong K1, whose
-  // epilogue overlaps the other warpgroup's mainloop, up to 5% slower (docs/perf-notes.md, session 10).
+  // epilogue overlaps the other warpgroup's mainloop, up to 5% slower (H200).
   constexpr TileStore kStore = gemm_tile_shape(kConfig).pingpong ? TileStore::kStaged : TileStore::kQuadTranspose;
   using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN, kStore>>;
   typename Kernel::Params params{};
@@ -244,8 +242,7 @@ Status run_up_proj_varlen(const UpProjParams& p) {
   params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
   params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
   params.epilogue.n = static_cast<int>(p.n);
-  return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                    p.stream, p.partial_rows);
+  return launch_varlen_gemm<Kernel>(params, p);
 }
 
 // K4: dA' = dO[gather] @ w2[e] with dO rows gathered by cp.async and w2 (E, d, n) read N-major
@@ -283,8 +280,7 @@ Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
   params.epilogue.a_scaled = static_cast<Element*>(p.a_scaled);
   params.epilogue.d_score_partial = p.d_score_partial;
   params.epilogue.n = static_cast<int>(p.n);
-  return launch_varlen_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                    p.stream, p.partial_rows);
+  return launch_varlen_gemm<Kernel>(params, p);
 }
 
 }  // namespace sonicmoe::sm90

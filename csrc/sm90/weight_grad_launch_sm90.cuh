@@ -4,7 +4,7 @@
 #include "sm90/varlen_gemm_launch_sm90.cuh"
 // After the launch header: it needs cudaTypedefs.h's driver typedefs before any CUTLASS include.
 #include "sm90/collective/varlen_k_mainloop_sm90.cuh"
-#include "sm90/fusion/varlen_k_epilogue_sm90.cuh"
+#include "sm90/epilogue/tma_store_epilogue_sm90.cuh"
 
 namespace sonicmoe::sm90 {
 
@@ -21,9 +21,9 @@ inline Status make_expert_output_tensor_map(CUtensorMap* map, void* out, int64_t
 // describes that transposed problem, its output written as (E, n_out, m_out).
 template <class Mainloop, bool kTransposedOut = false>
 Status run_weight_grad_with(const WeightGradParams& p) {
-  // The cooperative tiles: TMA stores that drain behind the next tile's mainloop (session 33: K5
-  // 8% and K7 4% faster at deepseek-v3's 512 rows an expert, level to 2% faster at 2048-4096).
-  // Ping-pong: staged stores (quad-transposed ones measured -1% to +3%, no gain: session 10).
+  // The cooperative tiles: TMA stores that drain behind the next tile's mainloop (measured: K5 8% and
+  // K7 4% faster at deepseek-v3's 512 rows an expert, level to 2% faster at 2048-4096).
+  // Ping-pong: staged stores (quad-transposed ones measured -1% to +3%, no gain).
   constexpr bool kCooperative = Mainloop::kConsumers == 2;
   static_assert(kCooperative || !kTransposedOut, "the transposed store is the cooperative tiles' TMA store");
   using Epilogue = cute::conditional_t<kCooperative, TmaStoreEpilogue<Mainloop::kTileM, Mainloop::kTileN, kTransposedOut>,
@@ -51,8 +51,7 @@ Status run_weight_grad_with(const WeightGradParams& p) {
     params.epilogue.out = static_cast<Element*>(p.out);
   }
   params.m_out = static_cast<int>(p.m_out);
-  return launch_varlen_k_gemm<Kernel>(params, p.expert_offsets, p.m_total, p.num_experts, p.sm_count,
-                                      p.stream, p.partial_rows);
+  return launch_varlen_k_gemm<Kernel>(params, p);
 }
 
 // K5 / K7 on cooperative tiles: the gathered operand 128 wide (cp.async), the other 256 wide by

@@ -32,6 +32,7 @@
 #include "cutlass/bfloat16.h"
 
 #include "sm90/collective/wgmma_consumer_sm90.cuh"
+#include "sm90/ptx.cuh"
 
 namespace sonicmoe::sm90 {
 
@@ -125,7 +126,7 @@ struct VarlenKMainloop {
   // of them per 64 columns), each row 128 bytes, and the 128-byte swizzle (byte address bits
   // [4, 7) ^= bits [7, 10)) puts chunk c % 8 of row r at chunk (c % 8) ^ r. Pass j adds j
   // atoms, which leaves bits [4, 10) alone. One offset per thread replaces per-copy swizzle
-  // math on 64-bit pointers: the producer was issue-bound on it (session 12's ncu, K7: ~295
+  // math on 64-bit pointers: the producer was issue-bound on it (ncu on K7: ~295
   // instructions per stage and warp, the consumers waiting on full stages 45% of the time).
   static constexpr uint32_t copy_offset(int r, int c) {
     return (c / 8) * (kTileK / 8) * 1024 + r * 128 + (((c % 8) ^ r) * 16);
@@ -222,7 +223,7 @@ struct VarlenKMainloop {
   }
 
   // Waits for the producer's last copies (a thread must not exit with cp.async in flight).
-  static __device__ void load_tail() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+  static __device__ void load_tail() { cp_async_wait_all(); }
   // In a cluster, waits for the peer's last releases (StageBarriers::wait_all_released).
   static __device__ void drain(Barriers& bar, int iteration) {
     if constexpr (kClusterM > 1) bar.wait_all_released(iteration);

@@ -33,6 +33,7 @@
 #include "cutlass/bfloat16.h"
 
 #include "sm90/collective/wgmma_consumer_sm90.cuh"
+#include "sm90/ptx.cuh"
 
 namespace sonicmoe::sm90 {
 
@@ -208,7 +209,7 @@ struct VarlenMainloop {
 
   // Waits for the producer's last copies (a thread must not exit with cp.async in flight).
   static __device__ void load_tail() {
-    if constexpr (kGatherA) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if constexpr (kGatherA) cp_async_wait_all();
   }
 
   // In a cluster, waits for the peer's last releases (StageBarriers::wait_all_released).

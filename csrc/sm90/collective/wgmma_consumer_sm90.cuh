@@ -1,6 +1,6 @@
 // Pieces shared by the sm90 varlen mainloops (varlen_mainloop_sm90.cuh: varlen M; and
 // varlen_k_mainloop_sm90.cuh: varlen K): the consumer warpgroup's WGMMA loop over the stage
-// ring, and the cp.async copies the gathering producers (and K6's addend epilogue) use.
+// ring. The cp.async copies the gathering producers use are in sm90/ptx.cuh.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,8 @@
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
+
+#include "sm90/ptx.cuh"
 
 namespace sonicmoe::sm90 {
 
@@ -40,25 +42,6 @@ struct StageBarriers {
       cutlass::arch::ClusterBarrier::wait(&empty[i % kStages], ((i / kStages) & 1) ^ 1);
   }
 };
-
-// Copies 16 bytes global -> shared, or writes 16 zero bytes when !valid (nothing is read then).
-__device__ inline void cp_async_16_zfill(uint32_t dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(gmem_src), "r"(src_bytes)
-               : "memory");
-}
-__device__ inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
-  cp_async_16_zfill(cute::cast_smem_ptr_to_uint(smem_dst), gmem_src, valid);
-}
-
-// The same for 4 bytes (through L1: .cg takes 16-byte copies only).
-__device__ inline void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(cute::cast_smem_ptr_to_uint(smem_dst)),
-               "l"(gmem_src), "r"(src_bytes)
-               : "memory");
-}
 
 // One consumer warp's release of a stage: an arrival on its empty barrier in every CTA of the
 // cluster (the same shared-memory offset in each; mapa finds the peer's).
@@ -100,7 +83,7 @@ __device__ void consume_stages(Element* smem_a, Element* smem_b, uint64_t* full,
   for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
     const int stage = iteration % kStages;
     cutlass::arch::ClusterBarrier::wait(&full[stage], (iteration / kStages) & 1);
-    if constexpr (kCpAsyncOperand) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    if constexpr (kCpAsyncOperand) fence_proxy_async_shared_cta();
     warpgroup_arrive();
     CUTLASS_PRAGMA_UNROLL
     for (int kb = 0; kb < size<2>(tCrA); ++kb) {

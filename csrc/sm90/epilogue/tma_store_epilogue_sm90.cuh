@@ -1,7 +1,10 @@
-// Epilogue of the sm90 varlen-K grouped GEMMs (K5, K7) on the cooperative tiles: every expert owns
-// a whole output, so tiles leave by TMA stores that clip at the output's and the expert's edges.
-// Only the weight-gradient launches include it (varlen_epilogue_sm90.cuh serves every kernel).
+// TmaStoreEpilogue (K5 / K7 on the cooperative tiles). Reads nothing but the accumulators;
+// computes their bf16 rounding into swizzled 64 x 64 boxes in shared memory; writes out
+// (num_experts, m_out, n_out), or its per-expert transpose, by TMA stores that clip at the
+// output's and the expert's edges (varlen K: every expert owns a whole output).
 #pragma once
+
+#include <cuda.h>
 
 #include <cstdint>
 
@@ -9,18 +12,12 @@
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 
-#include "sm90/fusion/varlen_epilogue_sm90.cuh"
+#include "sm90/epilogue/epilogue_tile_sm90.cuh"
+#include "sm90/epilogue/store_helpers_sm90.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
-
-// stmatrix.trans of four 8 x 8 bf16 matrices (addr: a shared-window address): v[j] is this lane's
-// pair (row lane / 4, columns 2 (lane % 4) + 0, 1) of matrix j, lane l gives the address of the
-// 16-byte row l % 8 of matrix l / 8, and row i in memory is the matrix's column i.
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&v)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
-               "r"(v[1]), "r"(v[2]), "r"(v[3])
-               : "memory");
-}
 
 // K5 / K7 on the cooperative tiles, whose K loops can be short (8 k steps per 64 KB output tile
 // at 512 rows an expert): each warpgroup writes its 64 accumulator rows as bf16 into its own
@@ -69,7 +66,7 @@ struct TmaStoreEpilogue {
       // l % 8-th row in memory of matrix l / 8: tile column c = 8 g + l % 8, i.e. row c % 64 of box
       // g / 8, holding tile rows 16 warp + 8 v1 + 0..7 (chunk 2 warp + v1). The box row's swizzle
       // key is l % 8, so the address is one per thread plus a constant per p. 16 instructions a
-      // thread where 2-byte stores took 128: K7 2% faster at deepseek-v3 (session 34, call 2).
+      // thread where 2-byte stores took 128: K7 2% faster at deepseek-v3.
       const int lane = thread_idx % 32, warp = thread_idx / 32;
       const int m = lane / 8, l8 = lane % 8;
       const uint32_t thread_base = base + swizzle128_offset(8 * (m / 2) + l8, 2 * warp + m % 2);
@@ -82,14 +79,13 @@ struct TmaStoreEpilogue {
       }
     } else {
       // One 4-byte store per pair (a warp's 32 hit 8 rows whose chunks the swizzle spreads; the
-      // non-transposed stmatrix ran K5 1-3% slower: session 34, call 2).
+      // non-transposed stmatrix ran K5 1-3% slower).
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size<0>(accum); i += 2) {
         const auto rc = coords(i, 0, 0);
         const int r = get<0>(rc) - row0, c = get<1>(rc);
         const uint32_t at = base + (c / kBox) * kBoxBytes + swizzle128_offset(r, (c % kBox) / 8) + (c % 8) * 2;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0)))
-                     : "memory");
+        store_shared_4B(at, pack_bf16x2(accum(i, 0, 0), accum(i + 1, 0, 0)));
       }
     }
     cutlass::arch::fence_view_async_shared();  // the writes, visible to TMA

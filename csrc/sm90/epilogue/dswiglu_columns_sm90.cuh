@@ -1,0 +1,96 @@
+// K4 (backward through the down-projection and SwiGLU). The accumulators are dA' = dO[gather] @ w2[e]
+// over kTileN (128 or 256) of the n columns; with H (kept by K1) and the row's score s:
+//   A = silu(gate) * up, dA = s * dA',
+//   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
+// H arrives in registers as 16-byte chunks already in the accumulator's layout (H's column
+// order, common/h_column_order.h; a trailing partial block is transposed across the quad); dH
+// and A' leave in column order, transposed across each quad into 16-byte chunks
+// (TileStore::kQuadTranspose; staging them through shared memory measured slower on the H200).
+// The dS partial of each row and 128-column slot (kSlotCols) goes to its own place, summed over
+// the slots in a fixed order later (deterministic, no atomics).
+//
+// This header holds what K4's two epilogues (dswiglu_epilogue_sm90.cuh: H in registers;
+// dswiglu_smem_source_epilogue_sm90.cuh: H through shared memory) share: the math of 4 column
+// groups, and the n tiles, their B rows and the score slots.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+
+#include "sm90/epilogue/epilogue_tile_sm90.cuh"
+#include "sm90/epilogue/store_helpers_sm90.cuh"
+#include "sm90/ptx.cuh"
+#include "sm90/varlen_tile_scheduler.cuh"
+
+namespace sonicmoe::sm90 {
+
+// K4's math for the 4 column groups j0 .. j0 + 3 of accumulator row (v1, m): g4 / u4 hold H's gate
+// and up pairs in the accumulator's layout; returns dH's gate and up pairs
+// and A' = s * A, and adds the row's dS terms to d_score.
+template <class Accumulator>
+__device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1, int m, int j0, float score,
+                                               const uint32_t (&g4)[4], const uint32_t (&u4)[4], uint32_t (&dg4)[4],
+                                               uint32_t (&du4)[4], uint32_t (&as4)[4], float& d_score) {
+  using namespace cute;
+  CUTLASS_PRAGMA_UNROLL
+  for (int b = 0; b < 4; ++b) {
+    const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g4[b]));
+    const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u4[b]));
+    float dg[2], du[2], as[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int v0 = 0; v0 < 2; ++v0) {
+      const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
+      const float d_a_prime = accum(make_coord(make_coord(v0, v1, j0 + b), m, 0));
+      // From the one tanh (see tanh_approx): sig, silu and silu' = sig + silu (1 - sig) by FMAs.
+      const float half = 0.5f * gate;
+      const float t = tanh_approx(half);
+      const float sig = fmaf(0.5f, t, 0.5f);
+      const float silu = fmaf(half, t, half);
+      const float d_silu = fmaf(silu, fmaf(-0.5f, t, 0.5f), sig);
+      const float a = silu * up;
+      d_score = fmaf(d_a_prime, a, d_score);
+      const float d_a = score * d_a_prime;
+      dg[v0] = d_a * up * d_silu;
+      du[v0] = d_a * silu;
+      as[v0] = score * a;
+    }
+    dg4[b] = pack_bf16x2(dg[0], dg[1]);
+    du4[b] = pack_bf16x2(du[0], du[1]);
+    as4[b] = pack_bf16x2(as[0], as[1]);
+  }
+}
+
+// What K4's two epilogues share (DSwiGLUEpilogue: H in registers; DSwiGLUSmemSourceEpilogue: H
+// through shared memory): the n tiles, their B rows, and the score slots. d_score_partial has one
+// slot per 128 columns of n (kDownProjGradBlockCols): a 128-column tile writes one, a 256-column
+// tile two.
+template <int kTileN>
+struct DSwiGLUColumns {
+  static constexpr int kBoxRowsB = 64;
+  static constexpr int kSlotCols = 128;
+  static_assert(kTileN % kSlotCols == 0, "whole score slots per tile");
+
+  template <class Params>
+  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
+  template <class Params>
+  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
+    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
+  }
+
+  // A row's dS over one slot's columns (`slot` of the tile): the 4 lanes of a quad hold the same
+  // row's columns, summed in a fixed order. A slot past n (a 256-column tile's second half) has
+  // no place and holds only zeros.
+  template <class Params>
+  static __device__ void store_slot(const Params& p, float d_score, bool row_ok, int64_t row, int n_block, int slot,
+                                    int slots) {
+    d_score += __shfl_xor_sync(0xffffffffu, d_score, 1);
+    d_score += __shfl_xor_sync(0xffffffffu, d_score, 2);
+    slot += n_block * (kTileN / kSlotCols);
+    if (row_ok && threadIdx.x % 4 == 0 && slot < slots) p.d_score_partial[row * slots + slot] = d_score;
+  }
+};
+
+}  // namespace sonicmoe::sm90
