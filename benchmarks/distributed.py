@@ -7,7 +7,7 @@
     2-D (dp, ep) mesh, against the single-GPU layer: every rank runs an unsharded copy on its own
     tokens (same casts, same routing decisions), whose parameter gradients summed over the ranks
     are the reference (EP experts: their slice; FSDP2's averages: times N). Relative Frobenius
-    error <= 1e-2 for the output and every gradient (DESIGN §7).
+    error <= 1e-2 for the output and every gradient (docs/design.md §7).
 (b) Throughput: forward + backward of a stack of MoE layers at T tokens per rank, per mode:
     plain (the single-GPU layer, no communication), ep (ExpertParallelMoE over all N ranks: E / N
     experts each), fsdp (FSDP2 over N ranks, bf16 compute), fsdp_ep (2-D mesh). At N = 1 "ep" is

@@ -67,7 +67,8 @@ Status run_weight_grad(const WeightGradParams& p) {
   // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA
   // cannot describe an empty tensor).
   const GemmTileConfig config = p.config == GemmTileConfig::kAuto
-                                    ? sm90::choose_weight_grad_config(p.gather_a, p.partial_rows && !p.rows_past_end_zeroed, p.m_total,
+                                    ? sm90::choose_weight_grad_config(p.gather_a,
+                                                                      p.partial_rows && !p.rows_past_end_zeroed, p.m_total,
                                                                       p.num_experts, p.m_out, p.n_out)
                                     : p.config;
   if (config == GemmTileConfig::kVarlenCooperative128x256x64C2x1 && p.m_total > 0)

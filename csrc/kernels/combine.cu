@@ -88,7 +88,7 @@ __device__ __forceinline__ void store_bf16(uint4* dst, const float (&acc)[kVec])
 // what it copied, so cp.async.wait_group orders it with no barrier: at top_k 8, 3 blocks of 4 warps
 // an SM, each with up to 4 passes of 4.5 KB in flight, on 40 registers. Loads held in registers took
 // 69 (28 warps, 112 KB in flight an SM) and ran 1-5% slower alone at top_k 8, 30% at top_k 2
-// (docs/perf-notes.md, session 39; beside K5 / K7 both read at the same rate). Lane k holds
+// (H200; beside K5 / K7 both read at the same rate). Lane k holds
 // (row, score) of pair (t, k); the others get them by shuffles.
 template <int kStages>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)

@@ -1,4 +1,4 @@
-// Routing R (DESIGN §4): router top-K with scores, and the sorted-layout metadata, in five small
+// Routing R (docs/design.md §4): router top-K with scores, and the sorted-layout metadata, in five small
 // launches and no host sync. Plain CUDA, arch-generic.
 //
 // router_topk: one warp per token holds its E logits in registers (E <= 1024; the kernel is

@@ -1,4 +1,4 @@
-// Token rounding (DESIGN §6) on the device: the rounded assignment and its sorted layout, in
+// Token rounding (docs/design.md §6) on the device: the rounded assignment and its sorted layout, in
 // expert-major (E, T) buffers, with no host sync. Plain CUDA, arch-generic.
 //
 // Assignment, one block per expert: count the expert's top-K tokens, round the count by the

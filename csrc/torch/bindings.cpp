@@ -11,7 +11,7 @@ extern "C" PyObject* PyInit__C(void) {
 }
 
 TORCH_LIBRARY(sonicmoe, m) {
-  // K2 of DESIGN §4: out[r] = a[r] @ b[e]^T for rows r of expert e (varlen-M grouped GEMM).
+  // K2 of docs/design.md §4: out[r] = a[r] @ b[e]^T for rows r of expert e (varlen-M grouped GEMM).
   // partial_rows: expert_offsets[E] may stop short of m_total; rows past it are not written.
   m.def("grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0, "
         "bool partial_rows=False) -> Tensor");

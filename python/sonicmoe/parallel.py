@@ -1,5 +1,5 @@
 """Distributed SonicMoE: expert parallelism (EP) and FSDP2, on PyTorch's own engine
-(torch.distributed, DeviceMesh, fully_shard; NCCL on GPUs, gloo on CPUs). DESIGN §10.
+(torch.distributed, DeviceMesh, fully_shard; NCCL on GPUs, gloo on CPUs). docs/design.md §10.
 
 Expert parallelism splits the E experts over an EP process group (one DeviceMesh dimension):
 rank r of ep_size owns experts [r·E/ep, (r+1)·E/ep) in the public layout, w1 (E_local, 2n, d)
@@ -22,7 +22,7 @@ router and the local experts' weights. Each rank must run backward through every
 forward through (collectives pair up across ranks); a rank with no tokens (T = 0) still joins.
 
 Kept for backward per layer: what the single-GPU plan keeps (x, the router's logits/scores, and
-moe_routed's H, scores and int32 metadata, DESIGN §3), where moe_routed's "x" is the received rows
+moe_routed's H, scores and int32 metadata, docs/design.md §3), where moe_routed's "x" is the received rows
 (R × d, R = rows this rank's experts got), plus the int64 send order and the split sizes. The
 gathered send rows, the returned rows and the per-row outputs are transient.
 

@@ -1,4 +1,4 @@
-"""Optional integrations with other libraries (DESIGN §11).
+"""Optional integrations with other libraries (docs/design.md §11).
 
 Nothing here is imported by `import sonicmoe`; each submodule needs its library:
 sonicmoe.integrations.transformers needs Hugging Face transformers.

@@ -6,7 +6,7 @@
 
 Covered (transformers 5.x, whose experts are stored fused): Qwen3-MoE, Qwen2-MoE, OLMoE,
 Mixtral, DeepSeek-V3. Their experts hold gate_up_proj (E, 2n, d), rows [0, n) gate and
-[n, 2n) up, and down_proj (E, d, n): exactly sonicmoe's w1 / w2 (DESIGN §2), so the swapped
+[n, 2n) up, and down_proj (E, d, n): exactly sonicmoe's w1 / w2 (docs/design.md §2), so the swapped
 block shares the same Parameter objects under the same names: no copy, and state_dict,
 checkpoints and optimizers see the model they saw before.
 
@@ -84,7 +84,7 @@ def _class_key(module):
 
 
 def _routing(family, gate):
-    """The router's rule in DESIGN §2's words (sonicmoe's routing modes where one matches)."""
+    """The router's rule in docs/design.md §2's words (sonicmoe's routing modes where one matches)."""
     if family.name == "mixtral":
         return "topk_softmax"  # softmax over E, top-K, renormalised: the softmax over the K chosen
     if family.name == "deepseek_v3":
