@@ -194,9 +194,9 @@ Status run_zero_rows_past_end(const int32_t* end_row, int64_t rows, int count,
 //   kVarlenCooperative128x256x64 when gather_a, kVarlenCooperative256x128x64 otherwise, either
 //   in 2 x 1 clusters as kVarlenCooperative128x256x64C2x1; kAuto: sm90::choose_weight_grad_config
 //   (ping-pong with partial_rows, unless rows_past_end_zeroed). A cooperative tile reads its
-//   other operand by TMA in whole 64-row boxes, so with partial_rows that operand's first kRowsZeroedPastEnd rows past
-//   expert_offsets[E] must be finite (down_proj_grad zeroes them in its outputs); they meet
-//   zero-filled rows of the gathered operand.
+//   other operand by TMA in whole 64-row boxes, so with partial_rows that operand's first
+//   kRowsZeroedPastEnd rows past expert_offsets[E] must be finite (down_proj_grad zeroes them in
+//   its outputs); they meet zero-filled rows of the gathered operand.
 struct WeightGradParams : GatheredVarlenProblem {
   const void* a = nullptr;
   const void* b = nullptr;
