@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
 import time
 
@@ -42,33 +41,9 @@ def unsupported_reason():
     return None
 
 
-def timed_ms(fn, warm=3, iters=10):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def kept_mib(forward):
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    out = forward()
-    torch.cuda.synchronize()
-    kept = torch.cuda.memory_allocated() - base - out.numel() * out.element_size()
-    del out
-    return kept / 2**20
-
-
 def gpu_demo(name, png):
-    from bench import torch_grouped_mm_layer
+    from bench import kept_mib, torch_grouped_mm_layer
+    from sidebyside import bench as timed_ms
 
     T, d, n, E, K = CONFIGS[name]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, sonicmoe {sonicmoe.__version__}")

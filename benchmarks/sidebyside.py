@@ -33,6 +33,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench import kept_mib, torch_grouped_mm_layer  # noqa: E402
 
 # (name, T, d, n, E, K): the paper's Table 9b shapes and the anchors' real models.
 CONFIGS = [
@@ -130,7 +131,6 @@ def project_fns(T, d, n, E, K):
 
 
 def torch_fns(T, d, n, E, K):
-    from bench import torch_grouped_mm_layer
 
     x, rw, w1, w2, dy = layer_tensors(T, d, n, E)
 
@@ -145,17 +145,6 @@ def torch_fns(T, d, n, E, K):
 
 
 IMPLS = {"upstream": upstream_fns, "project": project_fns, "torch": torch_fns}
-
-
-def kept_mib(fwd):
-    """What a forward keeps for backward beyond its output, in MiB."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    out = fwd()
-    torch.cuda.synchronize()
-    kept = torch.cuda.memory_allocated() - base - out.numel() * out.element_size()
-    del out
-    return kept / 2**20
 
 
 def kernel_table(fwd_bwd):
