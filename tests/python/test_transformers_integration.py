@@ -144,7 +144,7 @@ def test_logits_losses_and_grads_match(family, monkeypatch):
     assert rel(out.loss, ref_out.loss) < 1e-5
     if family != "deepseek_v3":  # DeepSeek-V3's causal LM has no load-balancing loss
         assert ref_out.aux_loss is not None and rel(out.aux_loss, ref_out.aux_loss) < 1e-5
-    # DeepSeek-V3's causal LM output has no router_logits field before transformers 5.25.
+    # DeepSeek-V3's causal LM output has no router_logits field in transformers 5.17 (it has in 5.25).
     if hasattr(ref_out, "router_logits"):
         assert len(out.router_logits) == len(ref_out.router_logits) == num_blocks
         for got, want in zip(out.router_logits, ref_out.router_logits):
