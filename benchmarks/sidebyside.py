@@ -148,22 +148,20 @@ IMPLS = {"upstream": upstream_fns, "project": project_fns, "torch": torch_fns}
 
 
 def kernel_table(fwd_bwd):
-    """Each GPU kernel of one forward + backward (after the timed rounds' warm-up): name, calls,
-    total µs, largest first."""
+    """Each GPU kernel of one forward + backward (after the timed rounds' warm-up), in start order:
+    name, µs, start µs (from the first kernel), stream; so that two layers' kernels pair call by
+    call."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fwd_bwd()
         torch.cuda.synchronize()
-    kernels = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
-            k = kernels.setdefault(event.name, [0, 0.0])
-            k[0] += 1
-            k[1] += event.device_time
-    rows = [{"kernel": name, "calls": c, "us": round(us, 1)} for name, (c, us) in kernels.items()]
-    return sorted(rows, key=lambda r: -r["us"])
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0),
+                    key=lambda e: e.time_range.start)
+    t0 = events[0].time_range.start if events else 0
+    return [{"kernel": e.name, "us": round(e.device_time, 1), "start_us": round(e.time_range.start - t0, 1),
+             "stream": getattr(e, "device_resource_id", None)} for e in events]
 
 
 def measure(config, impls, rounds, profile_kernels=False):
@@ -208,10 +206,14 @@ def print_kernels(row, impls, top=12):
     for impl in impls:
         table = row.get(f"{impl}_kernels")
         if table:
-            total = sum(k["us"] for k in table)
-            print(f"-- {row['config']} {impl}: {total:.0f} µs of kernels in one forward + backward")
-            for k in table[:top]:
-                print(f"   {k['us']:9.1f} µs {k['calls']:4d}x  {k['kernel'][:110]}")
+            by_name = {}
+            for k in table:
+                calls_us = by_name.setdefault(k["kernel"], [0, 0.0])
+                calls_us[0] += 1
+                calls_us[1] += k["us"]
+            print(f"-- {row['config']} {impl}: {sum(k['us'] for k in table):.0f} µs of kernels in one forward + backward")
+            for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
+                print(f"   {us:9.1f} µs {calls:4d}x  {name[:110]}")
 
 
 def print_table(result, impls):
