@@ -1,0 +1,37 @@
+"""benchmarks/sidebyside.py's argument rules and its kernel table, on the CPU (the timing itself
+needs a GPU and, for upstream SonicMoE, its sources)."""
+
+import importlib
+import pathlib
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def sidebyside():
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    return importlib.import_module("sidebyside")
+
+
+def test_unknown_configs_and_layers_are_refused_before_anything_runs(sidebyside):
+    with pytest.raises(ValueError, match="IMPLS = project,cublas: unknown"):
+        sidebyside.run(["olmoe-1b-7b"], impls=["project", "cublas"])
+    with pytest.raises(ValueError, match=r"configs \['olmoe'\] are unknown"):
+        sidebyside.run(["olmoe"], impls=["project"])
+
+
+def test_the_other_models_are_distinct_real_shapes_the_kernels_take(sidebyside):
+    names = [c[0] for c in sidebyside.CONFIGS + sidebyside.MODELS]
+    assert len(names) == len(set(names)) and len(sidebyside.MODELS) >= 4
+    for _, T, d, n, E, K in sidebyside.MODELS:
+        assert d % 8 == 0 and n % 8 == 0 and 1 <= K <= min(E, 32) and T * K < 2**31
+
+
+def test_kernel_table_sums_calls_by_name(sidebyside, capsys):
+    row = {"config": "c", "project_kernels": [{"kernel": "k1", "us": 2.0}, {"kernel": "k2", "us": 5.0},
+                                              {"kernel": "k1", "us": 4.0}]}
+    sidebyside.print_kernels(row, ["project", "upstream"])
+    out = capsys.readouterr().out.splitlines()
+    assert "11 µs of kernels" in out[0]
+    assert out[1].split() == ["6.0", "µs", "2x", "k1"] and out[2].split() == ["5.0", "µs", "1x", "k2"]
