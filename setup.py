@@ -14,7 +14,7 @@ Environment:
   SONICMOE_PREBUILT_KERNELS
                        a libsonicmoe_kernels.a that CMake built elsewhere from the same sources
                        (same CUDA, same archs): no CMake step, only the torch layer is compiled
-                       and linked against it (a lent GPU machine's minutes go to running, not to
+                       and linked against it (a GPU machine's minutes go to running, not to
                        compiling CUTLASS units a CPU machine can compile)
 """
 

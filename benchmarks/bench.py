@@ -1,4 +1,4 @@
-"""SonicMoE benchmark on the anchor configs of shared/anchors (copied to benchmarks/anchors/).
+"""SonicMoE benchmark on the anchor configs (benchmarks/anchors/: upstream SonicMoE's published H200 figures).
 
 Ops measured so far, each against its PyTorch counterpart in the same run:
 - grouped_gemm: the down-projection of each config, M_total = T*K rows balanced over E
@@ -49,8 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 import sonicmoe  # noqa: E402
 
-ANCHORS = [ROOT.parent / "shared" / "anchors" / "h200-2026-11-29.json",
-           ROOT / "benchmarks" / "anchors" / "h200-2026-11-29.json"]
+ANCHORS = [ROOT / "benchmarks" / "anchors" / "h200-2026-11-29.json"]
 
 
 def load_anchors():
@@ -266,7 +265,7 @@ def layer_params(T, d, n, E, data=None):
 
 
 def torch_grouped_mm_layer(x, router, w1, w2, top_k):
-    """The torchtitan-style baseline of shared/anchors: argsort gather, torch._grouped_mm up and
+    """The torchtitan-style baseline of the anchors: argsort gather, torch._grouped_mm up and
     down, silu * mul, index_add combine."""
     T, d = x.shape
     E, _, n = w2.shape
@@ -443,8 +442,8 @@ def anchor_protocol_timer():
 def card_matmul_tflops(timer, windows=3, n=8192, device="cuda"):
     """The card's dense bf16 n x n x n matmul TFLOP/s, the median of `windows` timer windows (200 ms
     warm-up, 1 s each): the anchors' first ceiling (752 on their card; they do not say how it was
-    timed). Read beside the anchors' protocol, it tells how fast this machine start's card is:
-    H200 starts move the layer's figures by 1-4% (docs/performance.md)."""
+    timed). Read beside the anchors' protocol, it tells how fast this card is: two
+    boots of an H200 move the layer's figures by 1-4% (docs/performance.md)."""
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn_like(a)
     ms = statistics.median(timer(lambda: a @ b, 200.0, 1000.0) for _ in range(windows))
@@ -936,7 +935,7 @@ def main():
                   f"{(f'{up:.1f}' if up else '-'):>11}{(f'{ours / up:.3f}' if up else '-'):>7}"
                   f"{r['sonicmoe_no_grad_fwd_tflops']:>14.1f}")
         print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on; *upstream SonicMoE from "
-              f"shared/anchors; {COMPILED_MARK}: its torch.compile'd layer, where no eager figure exists)\n")
+              f"benchmarks/anchors; {COMPILED_MARK}: its torch.compile'd layer, where no eager figure exists)\n")
     if "token_rounding" in ops:
         tr_rows = []
         for sweep, points in TOKEN_ROUNDING_SWEEPS.items():
@@ -992,7 +991,7 @@ def main():
                   f"{fmt(r['torch_grouped_mm_step_peak_MiB'], 9, 0)}")
         print("(TFLOP/s: bwd = 12*T*K*d*n / (t_fwd+bwd - t_fwd), fwd+bwd = 18*T*K*d*n / t; kept = memory "
               "allocated after the forward minus its output; peak = a training step's peak above what was "
-              "allocated before it, the gradients included; *upstream SonicMoE from shared/anchors; "
+              "allocated before it, the gradients included; *upstream SonicMoE from benchmarks/anchors; "
               f"{COMPILED_MARK}: its torch.compile'd layer)\n")
         if MEASURE_ENERGY:
             print(f"{'config':<18}{'step W':>8}{'MHz':>6}{'fwd W':>7}{'MHz':>6}{'step J':>8}{'fwd J':>7}"
@@ -1030,7 +1029,7 @@ def main():
               f"warmup {ANCHOR_PROTOCOL['warmup_ms']:g} ms, rep {ANCHOR_PROTOCOL['rep_ms']:g} ms, mean, L2 flushed "
               f"before each call, after {ANCHOR_PROTOCOL['idle_s']:g} s idle; bwd = 12 T K d n / (t_fwd+bwd - t_fwd); "
               f"data {data}; medians of {args.rounds} rounds, range = bwd / up* over the rounds; "
-              f"*upstream SonicMoE from shared/anchors; {COMPILED_MARK}: its torch.compile'd layer)\n")
+              f"*upstream SonicMoE from benchmarks/anchors; {COMPILED_MARK}: its torch.compile'd layer)\n")
         print(card_speed_line(card, anchor_ceiling) + "\n")
     if "grouped_gemm" not in ops:
         return

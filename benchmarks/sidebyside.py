@@ -57,8 +57,8 @@ MODELS = [
 ]
 dev, dt = "cuda", torch.bfloat16
 UPSTREAM_HOWTO = ("upstream SonicMoE is not importable as upstream_sonicmoe: put its sources (package renamed "
-                  "upstream_sonicmoe), quack and nvidia-cutlass-dsl 4.2.1 on PYTHONPATH; the project's maintainers "
-                  "keep that bundle beside the repository (shared/anchors/upstream)")
+                  "upstream_sonicmoe, its torch.library namespace too), quack at the commit upstream pins and "
+                  "nvidia-cutlass-dsl 4.2.1 on PYTHONPATH")
 
 
 def bench(fn, warm=3, rep=10):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs GPU tests on the CPU emulation of the ops (tests/python/kernel_emulation.py), for a machine
-# with no GPU lent: a copy of tests/python in tests/on_cpu/ with "cuda" read as "cpu", the Hopper
+# without a GPU: a copy of tests/python in tests/on_cpu/ with "cuda" read as "cpu", the Hopper
 # skip off and every sonicmoe op emulated. It checks a GPU test's own code (its inputs, its
 # reference, its asserts) before the device runs it; it says nothing of a kernel. Each emulated
 # op runs the real op's argument checks first, so the ops' rejection tests pass in the copy but

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the torch-free kernel library (libsonicmoe_kernels.a) here, on a CPU machine, for the tree
-# as it is and for the tree with each kernel-only change, so a lent GPU machine links them instead
+# as it is and for the tree with each kernel-only change, so a GPU machine links them instead
 # of compiling CUTLASS units (setup.py's SONICMOE_PREBUILT_KERNELS; scripts/ab_variants.sh takes a
 # .a as a change and BASE_KERNELS for the base). Same nvcc, same archs as the GPU machine's build.
 #

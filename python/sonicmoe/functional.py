@@ -410,8 +410,7 @@ class _MoEDenseExperts(torch.autograd.Function):
         E, T = assigned_t.shape
         meta = dense_routing_metadata_expert_major(scores_t, assigned_t, dense_row_bound(T, E, top_k, tile))
         h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h, partial_rows=True)
-        y = grouped_gemm(a, w2, meta.expert_offsets, tile_config="varlen_pingpong_128x128x64",
-                         partial_rows=True)
+        y = grouped_gemm(a, w2, meta.expert_offsets, partial_rows=True)
         if keep_h:
             ctx.save_for_backward(x, w1, w2, h, meta.expert_offsets, meta.gather_idx, meta.token_offsets,
                                   meta.rows, meta.sorted_scores)

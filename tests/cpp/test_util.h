@@ -46,7 +46,7 @@ Params expert_mlp_shape() {
   return p;
 }
 
-// (d, n, E) of the anchor configs (shared/anchors).
+// (d, n, E) of the anchor configs (benchmarks/anchors).
 struct AnchorShape {
   int64_t d, n;
   int num_experts;

@@ -22,7 +22,7 @@ if os.environ.get("SONICMOE_TEST_INSTALLED") == "1" and (_ROOT / "python") in pa
     raise RuntimeError(f"SONICMOE_TEST_INSTALLED=1 but sonicmoe was imported from the source tree ({sonicmoe.__file__})")
 
 _ANCHORS = _ROOT / "benchmarks" / "anchors" / "h200-2026-11-29.json"
-# The anchor configs (shared/anchors): name -> dict(T, d, n, E, K).
+# The anchor configs (benchmarks/anchors): name -> dict(T, d, n, E, K).
 ANCHOR_CONFIGS = {}
 for _row in json.loads(_ANCHORS.read_text())["rows"]:
     ANCHOR_CONFIGS.setdefault(_row["config"], {k: _row[k] for k in ("T", "d", "n", "E", "K")})

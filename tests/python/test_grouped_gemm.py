@@ -10,7 +10,7 @@ from conftest import ANCHOR_CONFIGS, requires_hopper
 
 pytestmark = [requires_hopper, pytest.mark.usefixtures("fp32_matmul_reference")]
 
-# Down-projection (k = n, n_out = d, E) of every anchor config (shared/anchors).
+# Down-projection (k = n, n_out = d, E) of every anchor config (benchmarks/anchors).
 ANCHOR_SHAPES = {name: (c["n"], c["d"], c["E"]) for name, c in ANCHOR_CONFIGS.items()}
 TILE_CONFIGS = list(sonicmoe.GEMM_TILE_CONFIGS)
 

@@ -14,7 +14,7 @@ import sonicmoe
 from conftest import requires_hopper
 from sonicmoe import reference
 
-ANCHORS = {  # (d, n, E, K) of shared/anchors, run at reduced T
+ANCHORS = {  # (d, n, E, K) of benchmarks/anchors, run at reduced T
     "paper-7b-n256": (1536, 256, 128, 8),
     "paper-7b-n1024": (1536, 1024, 32, 2),
     "paper-30b-n512": (4096, 512, 128, 8),

@@ -10,7 +10,7 @@ from test_grouped_gemm import generator, offsets_from_counts, random_counts
 
 pytestmark = [requires_hopper, pytest.mark.usefixtures("fp32_matmul_reference")]
 
-# (d, n, E) of every anchor config's up-projection (shared/anchors).
+# (d, n, E) of every anchor config's up-projection (benchmarks/anchors).
 ANCHOR_SHAPES = {name: (c["d"], c["n"], c["E"]) for name, c in ANCHOR_CONFIGS.items()}
 
 
