@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a Hopper GPU: build the extension, run the GPU pytest suite and the gtest binary, check SASS
 # for HGMMA, run the benchmark, and end with a short summary table. Logs go to $OUT (or ./gpu-out).
-#   bash scripts/h200_check.sh            # everything
+#   bash scripts/gpu_check.sh             # everything
 #   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
 #   BENCH_OPS=moe_forward ... QUALITY=1 ... PYTEST_ARGS=... # narrower benchmark, quality check, pytest args
 #   STEP_TIMEOUT=300 ...                 # seconds per step before it is killed (a hang reads as rc=124)

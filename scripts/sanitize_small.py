@@ -4,7 +4,7 @@ upper-bound buffers), at n 384 (the top-K backward's tail on a second stream bes
 at n 256 (where eager dW1 runs on K7), softmax_topk_norm with the router's part of dx folded into
 K6; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
 it only at d >= 3072, and for K5 / K7 at 2048 rows per expert), on ragged routing with an odd tile
-count (a pair's empty half) and on upper-bound buffers. scripts/h200_check.sh runs it under both
+count (a pair's empty half) and on upper-bound buffers. scripts/gpu_check.sh runs it under both
 tools; on its own:
 
     PYTHONPATH=python compute-sanitizer --tool racecheck python3 scripts/sanitize_small.py
