@@ -23,7 +23,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   pip_install torch==2.14.1
 fi
 # The build's tools (pyproject.toml's build requirements) and the tests' packages.
-"$PY" -c "import pytest, wheel, ninja, cmake" 2>/dev/null || pip_install pytest wheel ninja cmake "setuptools>=69"
+"$PY" -c "import pytest, wheel, ninja, cmake" 2>/dev/null || pip_install pytest wheel ninja cmake "setuptools>=64"
 "$PY" -c "import cutlass_library" 2>/dev/null || pip_install --no-deps nvidia-cutlass==4.2.0.0
 "$PY" -c "import transformers" 2>/dev/null || pip_install "transformers>=5.17,<6"
 export PATH="$(dirname "$PY"):$PATH"  # the venv's cmake and ninja
