@@ -5,11 +5,26 @@
 
 #include "common/host_rules.h"
 #include "common/tile_size.h"
+#include "host/autotune.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
+namespace {
+
+Status launch_down_proj_grad(const DownProjGradParams& p, GemmTileConfig config) {
+  switch (config) {
+    case GemmTileConfig::kVarlenPingpong128x128x64: return sm90::run_down_proj_grad(p);
+    case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_down_proj_grad_cooperative_128x256(p);
+    case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_down_proj_grad_cooperative_256x128(p);
+    case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return sm90::run_down_proj_grad_cooperative_128x256_c2x1(p);
+    default:
+      return Status::error("down_proj_grad: no kernel for tile config " + std::to_string(static_cast<int>(config)));
+  }
+}
+
+}  // namespace
 
 std::string check_down_proj_grad(const DownProjGradParams& p) {
   std::string problem = check_expert_mlp_dims("down_proj_grad", p);
@@ -31,16 +46,14 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   if (!aligned16(p.d_out) || !aligned16(p.w2) || !aligned16(p.h) || !aligned16(p.d_h) ||
       !aligned16(p.a_scaled))
     return Status::error("down_proj_grad: d_out, w2, h, d_h and a_scaled must be 16-byte aligned");
-  const GemmTileConfig config =
-      p.config == GemmTileConfig::kAuto ? sm90::choose_down_proj_grad_config(p.n, p.d) : p.config;
   Status status;
-  switch (config) {
-    case GemmTileConfig::kVarlenCooperative256x128x64: status = sm90::run_down_proj_grad_cooperative_256x128(p); break;
-    case GemmTileConfig::kVarlenCooperative128x256x64: status = sm90::run_down_proj_grad_cooperative_128x256(p); break;
-    case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
-      status = sm90::run_down_proj_grad_cooperative_128x256_c2x1(p);
-      break;
-    default: status = sm90::run_down_proj_grad(p);  // kVarlenPingpong128x128x64
+  if (p.config != GemmTileConfig::kAuto) {
+    status = launch_down_proj_grad(p, p.config);
+  } else {
+    const autotune::Key key{autotune::Op::kDownProjGrad, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
+                            p.sm_count, int(p.partial_rows)};
+    status = autotune::run(key, sm90::choose_down_proj_grad_config(p.n, p.d), autotune::varlen_candidates(),
+                           p.stream, [&](GemmTileConfig config) { return launch_down_proj_grad(p, config); });
   }
   if (!status.ok() || !p.partial_rows) return status;
   // The weight gradients read d_h and a_scaled by TMA boxes that may reach past offsets[E].

@@ -3,12 +3,14 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/grouped_gemm_workspace.h"
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
 #include "common/host_rules.h"
+#include "host/autotune.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -49,6 +51,56 @@ Status dispatch(GemmTileConfigList<Configs...>, GemmTileConfig config, const Gro
                                 std::to_string(static_cast<int>(config)));
   ((config == Configs && ((status = sm90::run_grouped_gemm<Configs>(p)), true)) || ...);
   return status;
+}
+
+// K6 (b read N-major): each varlen configuration, without and with the addend (RowAddendStoreEpilogue).
+Status launch_kn(const GroupedGemmParams& params, GemmTileConfig config) {
+  using Run = Status (*)(const GroupedGemmParams&);
+  Run plain = sm90::run_varlen_grouped_gemm_kn, addend = sm90::run_varlen_grouped_gemm_kn_addend;  // ping-pong
+  switch (config) {
+    case GemmTileConfig::kVarlenPingpong128x128x64: break;
+    case GemmTileConfig::kVarlenCooperative128x256x64:
+      plain = sm90::run_varlen_grouped_gemm_kn_cooperative_128x256;
+      addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_128x256;
+      break;
+    case GemmTileConfig::kVarlenCooperative256x128x64:
+      plain = sm90::run_varlen_grouped_gemm_kn_cooperative_256x128;
+      addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_256x128;
+      break;
+    case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
+      plain = sm90::run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1;
+      addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_128x256_c2x1;
+      break;
+    default:
+      return Status::error("grouped_gemm: no KN kernel for tile config " + std::to_string(static_cast<int>(config)));
+  }
+  return (params.addend_rows != nullptr ? addend : plain)(params);
+}
+
+Status launch_nk(const GroupedGemmParams& params, GemmTileConfig config) {
+  switch (config) {
+    case GemmTileConfig::kVarlenPingpong128x128x64: return sm90::run_varlen_grouped_gemm(params);
+    case GemmTileConfig::kVarlenCooperative128x256x64:
+      return sm90::run_varlen_grouped_gemm_cooperative_128x256(params);
+    case GemmTileConfig::kVarlenCooperative256x128x64:
+      return sm90::run_varlen_grouped_gemm_cooperative_256x128(params);
+    case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
+      return sm90::run_varlen_grouped_gemm_cooperative_128x256_c2x1(params);
+    default: return dispatch(PtrArrayGemmTileConfigs{}, config, params);
+  }
+}
+
+template <GemmTileConfig... Configs>
+std::vector<GemmTileConfig> with_ptr_array(GemmTileConfigList<Configs...>) {
+  std::vector<GemmTileConfig> c = autotune::varlen_candidates();
+  (c.push_back(Configs), ...);
+  return c;
+}
+
+// K2's candidates: the varlen configurations and CUTLASS's ptr-array ones.
+const std::vector<GemmTileConfig>& all_candidates() {
+  static const std::vector<GemmTileConfig> c = with_ptr_array(PtrArrayGemmTileConfigs{});
+  return c;
 }
 
 }  // namespace
@@ -100,47 +152,25 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   if (!problem.empty()) return Status::error(problem);
 
   if (params.b_layout == WeightLayout::kKN) {
-    const GemmTileConfig config = params.config == GemmTileConfig::kAuto
-                                      ? sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out, params.k,
-                                                                            params.num_experts)
-                                      : params.config;
-    // Each varlen configuration's K6, without and with the addend (RowAddendStoreEpilogue).
-    using Run = Status (*)(const GroupedGemmParams&);
-    Run plain = sm90::run_varlen_grouped_gemm_kn, addend = sm90::run_varlen_grouped_gemm_kn_addend;  // ping-pong
-    switch (config) {
-      case GemmTileConfig::kVarlenCooperative128x256x64:
-        plain = sm90::run_varlen_grouped_gemm_kn_cooperative_128x256;
-        addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_128x256;
-        break;
-      case GemmTileConfig::kVarlenCooperative256x128x64:
-        plain = sm90::run_varlen_grouped_gemm_kn_cooperative_256x128;
-        addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_256x128;
-        break;
-      case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
-        plain = sm90::run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1;
-        addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_128x256_c2x1;
-        break;
-      default: break;  // kVarlenPingpong128x128x64
-    }
-    return (params.addend_rows != nullptr ? addend : plain)(params);
+    if (params.config != GemmTileConfig::kAuto) return launch_kn(params, params.config);
+    const autotune::Key key{autotune::Op::kGroupedGemmKN, params.n_out, params.k, autotune::bit_width(params.m_total),
+                            params.num_experts, params.sm_count,
+                            int(params.partial_rows) | int(params.addend_rows != nullptr) << 1};
+    const GemmTileConfig rule =
+        sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out, params.k, params.num_experts);
+    return autotune::run(key, rule, autotune::varlen_candidates(), params.stream,
+                         [&](GemmTileConfig config) { return launch_kn(params, config); });
   }
+  if (params.config != GemmTileConfig::kAuto) return launch_nk(params, params.config);
   // Token rounding's buffers (partial_rows) run on the varlen kernels only (check_grouped_gemm);
-  // auto keeps them on ping-pong.
-  GemmTileConfig config = params.config;
-  if (config == GemmTileConfig::kAuto)
-    config = params.partial_rows
-                 ? GemmTileConfig::kVarlenPingpong128x128x64
-                 : choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
-  switch (config) {
-    case GemmTileConfig::kVarlenPingpong128x128x64: return sm90::run_varlen_grouped_gemm(params);
-    case GemmTileConfig::kVarlenCooperative128x256x64:
-      return sm90::run_varlen_grouped_gemm_cooperative_128x256(params);
-    case GemmTileConfig::kVarlenCooperative256x128x64:
-      return sm90::run_varlen_grouped_gemm_cooperative_256x128(params);
-    case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
-      return sm90::run_varlen_grouped_gemm_cooperative_128x256_c2x1(params);
-    default: return dispatch(PtrArrayGemmTileConfigs{}, config, params);
-  }
+  // the rule keeps them on ping-pong.
+  const GemmTileConfig rule =
+      params.partial_rows ? GemmTileConfig::kVarlenPingpong128x128x64
+                          : choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
+  const autotune::Key key{autotune::Op::kGroupedGemm, params.n_out, params.k, autotune::bit_width(params.m_total),
+                          params.num_experts, params.sm_count, int(params.partial_rows)};
+  return autotune::run(key, rule, params.partial_rows ? autotune::varlen_candidates() : all_candidates(),
+                       params.stream, [&](GemmTileConfig config) { return launch_nk(params, config); });
 }
 
 }  // namespace sonicmoe

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "host/autotune.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
 #include "common/tile_size.h"
@@ -10,6 +11,20 @@
 #include "sonicmoe.h"
 
 namespace sonicmoe {
+
+namespace {
+
+Status launch_up_proj(const UpProjParams& p, GemmTileConfig config) {
+  switch (config) {
+    case GemmTileConfig::kVarlenPingpong128x128x64: return sm90::run_up_proj(p);
+    case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_up_proj_cooperative_128x256(p);
+    case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_up_proj_cooperative_256x128(p);
+    case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return sm90::run_up_proj_cooperative_128x256_c2x1(p);
+    default: return Status::error("up_proj: no kernel for tile config " + std::to_string(static_cast<int>(config)));
+  }
+}
+
+}  // namespace
 
 std::string check_up_proj(const UpProjParams& p) {
   std::string problem = check_expert_mlp_dims("up_proj", p);
@@ -29,13 +44,11 @@ Status run_up_proj(const UpProjParams& p) {
     return Status::error("up_proj: x, w1, expert_offsets, gather_idx and a must be non-null");
   if (!aligned16(p.x) || !aligned16(p.w1) || !aligned16(p.a) || (p.h != nullptr && !aligned16(p.h)))
     return Status::error("up_proj: x, w1, h and a must be 16-byte aligned");
-  const GemmTileConfig config = p.config == GemmTileConfig::kAuto ? sm90::choose_up_proj_config(p.n, p.d) : p.config;
-  switch (config) {
-    case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_up_proj_cooperative_128x256(p);
-    case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_up_proj_cooperative_256x128(p);
-    case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return sm90::run_up_proj_cooperative_128x256_c2x1(p);
-    default: return sm90::run_up_proj(p);  // kVarlenPingpong128x128x64
-  }
+  if (p.config != GemmTileConfig::kAuto) return launch_up_proj(p, p.config);
+  const autotune::Key key{autotune::Op::kUpProj, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
+                          p.sm_count, int(p.partial_rows) | int(p.h != nullptr) << 1};
+  return autotune::run(key, sm90::choose_up_proj_config(p.n, p.d), autotune::varlen_candidates(), p.stream,
+                       [&](GemmTileConfig config) { return launch_up_proj(p, config); });
 }
 
 }  // namespace sonicmoe

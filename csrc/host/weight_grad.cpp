@@ -7,6 +7,7 @@
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
+#include "host/autotune.h"
 #include "sonicmoe.h"
 
 namespace sonicmoe {
@@ -54,6 +55,17 @@ std::string check_weight_grad(const WeightGradParams& p) {
   return {};
 }
 
+namespace {
+
+Status launch_weight_grad(const WeightGradParams& p, GemmTileConfig config) {
+  if (config == GemmTileConfig::kVarlenCooperative128x256x64C2x1 && p.m_total > 0)
+    return sm90::run_weight_grad_cooperative_c2x1(p);
+  if (cooperative_weight_grad(config) && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
+  return sm90::run_weight_grad(p);
+}
+
+}  // namespace
+
 Status run_weight_grad(const WeightGradParams& p) {
   const std::string problem = check_weight_grad(p);
   if (!problem.empty()) return Status::error(problem);
@@ -66,15 +78,22 @@ Status run_weight_grad(const WeightGradParams& p) {
     return Status::error("weight_grad: a, b and out must be 16-byte aligned");
   // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA
   // cannot describe an empty tensor).
-  const GemmTileConfig config = p.config == GemmTileConfig::kAuto
-                                    ? sm90::choose_weight_grad_config(p.gather_a,
-                                                                      p.partial_rows && !p.rows_past_end_zeroed, p.m_total,
-                                                                      p.num_experts, p.m_out, p.n_out)
-                                    : p.config;
-  if (config == GemmTileConfig::kVarlenCooperative128x256x64C2x1 && p.m_total > 0)
-    return sm90::run_weight_grad_cooperative_c2x1(p);
-  if (cooperative_weight_grad(config) && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
-  return sm90::run_weight_grad(p);
+  const bool partial = p.partial_rows && !p.rows_past_end_zeroed;
+  const GemmTileConfig rule =
+      sm90::choose_weight_grad_config(p.gather_a, partial, p.m_total, p.num_experts, p.m_out, p.n_out);
+  if (p.config != GemmTileConfig::kAuto) return launch_weight_grad(p, p.config);
+  if (partial || p.m_total == 0) return launch_weight_grad(p, rule);  // ping-pong's cp.async path only
+  static const std::vector<GemmTileConfig> gather_a_candidates{
+      GemmTileConfig::kVarlenPingpong128x128x64, GemmTileConfig::kVarlenCooperative128x256x64,
+      GemmTileConfig::kVarlenCooperative128x256x64C2x1};
+  static const std::vector<GemmTileConfig> gather_b_candidates{
+      GemmTileConfig::kVarlenPingpong128x128x64, GemmTileConfig::kVarlenCooperative256x128x64,
+      GemmTileConfig::kVarlenCooperative128x256x64C2x1};
+  const autotune::Key key{autotune::Op::kWeightGrad, p.n_out, p.m_out, autotune::bit_width(p.m_total),
+                          p.num_experts, p.sm_count,
+                          int(p.gather_a) | int(p.partial_rows) << 1 | int(p.rows_past_end_zeroed) << 2};
+  return autotune::run(key, rule, p.gather_a ? gather_a_candidates : gather_b_candidates, p.stream,
+                       [&](GemmTileConfig config) { return launch_weight_grad(p, config); });
 }
 
 }  // namespace sonicmoe

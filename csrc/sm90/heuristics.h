@@ -1,6 +1,8 @@
-// Runtime choice of the sm90 grouped GEMM tile configuration (the shapes live in
-// common/tile_size.h): the one place these rules are written. Each rule's clause says why; the
-// measurements behind them (H200, the anchor configs) are in docs/performance.md.
+// Shape rules for the sm90 grouped GEMM tile configuration (the shapes live in
+// common/tile_size.h): the one place these rules are written. They are the choice where the
+// autotuner does not measure (host/autotune.h: SONICMOE_AUTOTUNE=0, CUDA graph capture) and its
+// tie-break. Each rule's clause says why; the measurements behind them (H200, the anchor configs)
+// are in docs/performance.md.
 #pragma once
 
 #include <cstdint>

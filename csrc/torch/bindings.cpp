@@ -2,6 +2,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "host/autotune.h"
 #include "torch/ops.h"
 
 // Importing sonicmoe._C registers the ops below; the module itself has no Python functions.
@@ -58,6 +59,10 @@ TORCH_LIBRARY(sonicmoe, m) {
   m.def("combine_dx(Tensor dx_rows, Tensor rev_idx, Tensor? addend=None) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.
   m.def("combine_csr(Tensor y, Tensor row_scores, Tensor rows, Tensor token_offsets) -> Tensor");
+  // The tile autotuner (csrc/host/autotune.h): the current device's cache file ("" for none), and
+  // forgetting the choices held in memory (the next call of each class reads the file again).
+  m.def("autotune_cache_path() -> str", [] { return sonicmoe::autotune::cache_path(); });
+  m.def("autotune_clear() -> ()", [] { sonicmoe::autotune::clear_memory(); });
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {

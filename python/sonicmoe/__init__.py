@@ -7,9 +7,9 @@ sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
 """
 
 from . import parallel, reference
-from ._ops import (GEMM_TILE_CONFIGS, combine, combine_csr, combine_dx, device_routing_metadata, down_proj_grad,
-                   extension_available, grouped_gemm, grouped_gemm_kn, h_column_order, router_topk, up_proj,
-                   weight_grad)
+from ._ops import (GEMM_TILE_CONFIGS, autotune_cache_path, autotune_clear, combine, combine_csr, combine_dx,
+                   device_routing_metadata, down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn,
+                   h_column_order, router_topk, up_proj, weight_grad)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -19,6 +19,8 @@ __all__ = [
     "MoE",
     "build_info",
     "RoutingMetadata",
+    "autotune_cache_path",
+    "autotune_clear",
     "combine",
     "combine_csr",
     "combine_dx",

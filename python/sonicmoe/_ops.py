@@ -253,6 +253,24 @@ def combine_dx(dx_rows: torch.Tensor, rev_idx: torch.Tensor, addend: torch.Tenso
     return torch.ops.sonicmoe.combine_dx(dx_rows, rev_idx, addend)
 
 
+def autotune_cache_path() -> str:
+    """The file where the tile autotuner keeps its choices for the current CUDA device ("" where
+    none is written). A grouped-GEMM op called with tile_config "auto" times its candidate tiles
+    on the first call of each problem class and keeps the fastest there, keyed by the device's
+    name, SM count and driver and by this version; SONICMOE_AUTOTUNE=0 keeps the shape rules
+    (csrc/sm90/heuristics.h) instead, SONICMOE_CACHE_DIR moves the file (empty: memory only).
+    The rules and the tuner are described once, in csrc/host/autotune.h."""
+    _require_extension()
+    return torch.ops.sonicmoe.autotune_cache_path()
+
+
+def autotune_clear() -> None:
+    """Forgets the autotuner's choices held in memory; the next call of each class reads the file
+    again (and tunes the classes it lacks)."""
+    _require_extension()
+    torch.ops.sonicmoe.autotune_clear()
+
+
 def combine_csr(y, row_scores, rows, token_offsets) -> torch.Tensor:
     """K3 for a variable number of rows per token: out[t] = sum over entries j of token t
     (token_offsets[t] <= j < token_offsets[t+1]) of row_scores[j] * y[rows[j]], fp32, in order."""

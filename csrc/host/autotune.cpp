@@ -1,0 +1,247 @@
+// Tile choice by measurement (autotune.h): the per-device cache, its file, and the timing.
+#include "host/autotune.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "common/cuda_check.h"
+#include "common/tile_size.h"
+
+#ifndef SONICMOE_LIBRARY_VERSION
+#define SONICMOE_LIBRARY_VERSION "dev"
+#endif
+
+namespace sonicmoe::autotune {
+namespace {
+
+constexpr int kTimedLaunches = 3;  // per candidate, after one warm-up; the fastest counts
+
+struct DeviceCache {
+  bool loaded = false;
+  std::string path;
+  std::vector<std::pair<Key, GemmTileConfig>> choices;
+};
+
+std::mutex& cache_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::vector<DeviceCache>& caches() {
+  static std::vector<DeviceCache> c;
+  return c;
+}
+
+std::string sanitized(const std::string& s) {
+  std::string out;
+  for (char ch : s) out += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return out;
+}
+
+std::string cache_dir() {
+  if (const char* dir = std::getenv("SONICMOE_CACHE_DIR")) return dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0')
+    return std::string(xdg) + "/sonicmoe";
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
+    return std::string(home) + "/.cache/sonicmoe";
+  return "";
+}
+
+std::string device_cache_path(int device) {
+  const std::string dir = cache_dir();
+  if (dir.empty()) return "";
+  cudaDeviceProp prop{};
+  int driver = 0;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours: no file for this device, nothing else to report
+    return "";
+  }
+  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-" + sanitized(prop.name) + "-sm" +
+         std::to_string(prop.multiProcessorCount) + "-driver" + std::to_string(driver) + ".txt";
+}
+
+// mkdir -p (C library only: the library links into processes whose C++ runtime it does not choose).
+void make_dirs(const std::string& dir) {
+  for (size_t i = 1; i <= dir.size(); ++i)
+    if (i == dir.size() || dir[i] == '/') mkdir(dir.substr(0, i).c_str(), 0755);  // EEXIST is fine
+}
+
+// The device's cache, its file read on first use. Caller holds cache_mutex().
+DeviceCache& device_cache(int device) {
+  auto& all = caches();
+  if (static_cast<int>(all.size()) <= device) all.resize(device + 1);
+  DeviceCache& cache = all[device];
+  if (!cache.loaded) {
+    cache.loaded = true;
+    cache.path = device_cache_path(device);
+    FILE* file = cache.path.empty() ? nullptr : std::fopen(cache.path.c_str(), "r");
+    char line[256];
+    Key key;
+    GemmTileConfig config;
+    while (file != nullptr && std::fgets(line, sizeof(line), file) != nullptr) {
+      if (!parse_entry(line, &key, &config)) continue;  // a torn or foreign line
+      auto it = std::find_if(cache.choices.begin(), cache.choices.end(), [&](auto& e) { return e.first == key; });
+      if (it != cache.choices.end()) it->second = config;  // the later line wins
+      else cache.choices.emplace_back(key, config);
+    }
+    if (file != nullptr) std::fclose(file);
+  }
+  return cache;
+}
+
+bool lookup(int device, const Key& key, GemmTileConfig* config) {
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  for (const auto& [k, c] : device_cache(device).choices)
+    if (k == key) {
+      *config = c;
+      return true;
+    }
+  return false;
+}
+
+void store(int device, const Key& key, GemmTileConfig config) {
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  DeviceCache& cache = device_cache(device);
+  cache.choices.emplace_back(key, config);
+  if (cache.path.empty()) return;
+  make_dirs(cache.path.substr(0, cache.path.rfind('/')));
+  // One short line appended per choice (one write): concurrent processes (ranks on one host)
+  // append whole lines; a file that cannot be written leaves the choice in memory only.
+  const std::string line = format_entry(key, config) + "\n";
+  if (FILE* file = std::fopen(cache.path.c_str(), "a")) {
+    std::fwrite(line.data(), 1, line.size(), file);
+    std::fclose(file);
+  }
+}
+
+// Each candidate's fastest time (ms) of kTimedLaunches launches after a warm-up; -1 where a launch
+// failed (a shape the configuration does not take).
+Status time_candidates(const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
+                       const std::function<Status(GemmTileConfig)>& launch, std::vector<float>* ms) {
+  ms->assign(candidates.size(), -1.0f);
+  std::vector<bool> ok(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) ok[i] = launch(candidates[i]).ok();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  SONICMOE_CUDA_TRY(cudaEventCreate(&start));
+  Status status = cuda_status(cudaEventCreate(&stop), "cudaEventCreate");
+  for (int rep = 0; rep < kTimedLaunches && status.ok(); ++rep)
+    for (size_t i = 0; i < candidates.size() && status.ok(); ++i) {
+      if (!ok[i]) continue;
+      status = cuda_status(cudaEventRecord(start, stream), "cudaEventRecord");
+      if (!status.ok()) break;
+      if (!launch(candidates[i]).ok()) {
+        ok[i] = false;
+        (*ms)[i] = -1.0f;
+        continue;
+      }
+      status = cuda_status(cudaEventRecord(stop, stream), "cudaEventRecord");
+      if (status.ok()) status = cuda_status(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float t = 0.0f;
+      if (status.ok()) status = cuda_status(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+      if (status.ok()) (*ms)[i] = rep == 0 ? t : std::min((*ms)[i], t);
+    }
+  cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  return status;
+}
+
+}  // namespace
+
+int bit_width(int64_t m_total) {
+  int bits = 0;
+  for (uint64_t v = m_total > 0 ? static_cast<uint64_t>(m_total) : 0; v != 0; v >>= 1) ++bits;
+  return bits;
+}
+
+std::string format_entry(const Key& key, GemmTileConfig config) {
+  char line[256];
+  std::snprintf(line, sizeof(line), "%d %" PRId64 " %" PRId64 " %d %d %d %d %d %s", static_cast<int>(key.op), key.n_out,
+                key.k, key.rows_bits, key.num_experts, key.sm_count, key.flags, static_cast<int>(config),
+                gemm_tile_config_name(config));
+  return line;
+}
+
+bool parse_entry(const std::string& line, Key* key, GemmTileConfig* config) {
+  int op = 0, cfg = 0;
+  Key k;
+  char name[64] = {0};
+  if (std::sscanf(line.c_str(), "%d %" SCNd64 " %" SCNd64 " %d %d %d %d %d %63s", &op, &k.n_out, &k.k, &k.rows_bits,
+                  &k.num_experts, &k.sm_count, &k.flags, &cfg, name) != 9)
+    return false;  // a line cut short lacks the name, its last field
+  if (op < static_cast<int>(Op::kUpProj) || op > static_cast<int>(Op::kWeightGrad)) return false;
+  if (cfg < 1 || cfg >= kNumGemmTileConfigs ||
+      std::strcmp(name, gemm_tile_config_name(static_cast<GemmTileConfig>(cfg))) != 0)
+    return false;
+  k.op = static_cast<Op>(op);
+  *key = k;
+  *config = static_cast<GemmTileConfig>(cfg);
+  return true;
+}
+
+int choose_fastest(const std::vector<GemmTileConfig>& candidates, const std::vector<float>& ms, GemmTileConfig rule) {
+  int best = -1, rule_index = -1;
+  for (int i = 0; i < static_cast<int>(candidates.size()) && i < static_cast<int>(ms.size()); ++i) {
+    if (ms[i] < 0.0f) continue;
+    if (candidates[i] == rule) rule_index = i;
+    if (best < 0 || ms[i] < ms[best]) best = i;
+  }
+  if (best >= 0 && rule_index >= 0 && ms[rule_index] <= ms[best] * (1.0 + kAutotuneMargin)) return rule_index;
+  return best;
+}
+
+bool enabled() {
+  const char* v = std::getenv("SONICMOE_AUTOTUNE");
+  return v == nullptr || std::string(v) != "0";
+}
+
+std::string cache_path() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  return device_cache(device).path;
+}
+
+Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
+           const std::function<Status(GemmTileConfig)>& launch) {
+  if (!enabled() || candidates.size() < 2) return launch(rule);
+  int device = 0;
+  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+  GemmTileConfig chosen = rule;
+  if (lookup(device, key, &chosen)) return launch(chosen);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();  // e.g. the legacy stream while another captures: not ours to tune
+    return launch(rule);
+  }
+  if (capture != cudaStreamCaptureStatusNone) return launch(rule);
+  // Relaxed: another thread capturing in global mode must not forbid this thread's event sync.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  SONICMOE_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+  std::vector<float> ms;
+  const Status timed = time_candidates(candidates, stream, launch, &ms);
+  SONICMOE_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+  SONICMOE_TRY(timed);
+  const int best = choose_fastest(candidates, ms, rule);
+  if (best < 0) return launch(rule);  // no candidate ran: the rule's own error, if any, is the answer
+  chosen = candidates[best];
+  store(device, key, chosen);
+  return launch(chosen);
+}
+
+void clear_memory() {
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  caches().clear();
+}
+
+}  // namespace sonicmoe::autotune

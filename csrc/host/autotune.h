@@ -1,0 +1,86 @@
+// Tile choice by measurement: a kAuto call of a grouped GEMM op times the op's candidate
+// configurations once per problem class and device, on the call's own operands, and keeps the
+// fastest, in memory and in a file per device. The shape rules of sm90/heuristics.h stay the
+// choice wherever tuning is off or not allowed, and the tie-break: a candidate replaces the rule's
+// pick only when it is faster by more than kAutotuneMargin.
+//
+//   SONICMOE_AUTOTUNE=0      rules only: no timing, no cache read or written
+//   SONICMOE_CACHE_DIR=dir   the cache files' folder (default $XDG_CACHE_HOME/sonicmoe, else
+//                            ~/.cache/sonicmoe; empty: in memory only)
+//
+// A cache file is keyed by the device's name, SM count and driver version and by the library's
+// version; a choice once cached is reused by every later call of its class (deterministic).
+// Tuning never runs while the stream is being captured into a CUDA graph (the rule's pick, or
+// the cached one, is launched instead), and torch.compile traces fake tensors, which never reach
+// this code. Tuning synchronises the host with the stream once, on the class's first call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sonicmoe.h"
+
+namespace sonicmoe::autotune {
+
+// The ops whose kAuto is tuned.
+enum class Op : int { kUpProj = 1, kGroupedGemm = 2, kGroupedGemmKN = 3, kDownProjGrad = 4, kWeightGrad = 5 };
+
+// A problem class: shapes that share one choice. m_total enters by its bit width (a class spans
+// a factor of 2 of rows), so a training run's batches, token rounding's counts included, meet a
+// few classes.
+struct Key {
+  Op op = Op::kUpProj;
+  int64_t n_out = 0;   // the op's output columns (K1, K4: n; K2, K6: n_out; K5 / K7: n_out)
+  int64_t k = 0;       // the op's reduction length (K1, K4: d; K5 / K7: m_out)
+  int rows_bits = 0;   // bit width of m_total
+  int num_experts = 0;
+  int sm_count = 0;
+  int flags = 0;       // op-specific: partial_rows, gather_a, the addend, rows_past_end_zeroed
+  bool operator==(const Key& o) const {
+    return op == o.op && n_out == o.n_out && k == o.k && rows_bits == o.rows_bits &&
+           num_experts == o.num_experts && sm_count == o.sm_count && flags == o.flags;
+  }
+};
+
+int bit_width(int64_t m_total);
+
+// A candidate faster than the rule's pick by less than this fraction does not replace it.
+constexpr double kAutotuneMargin = 0.01;
+
+// The cache file's line for a choice, and back (false for a malformed line).
+std::string format_entry(const Key& key, GemmTileConfig config);
+bool parse_entry(const std::string& line, Key* key, GemmTileConfig* config);
+
+// The index of the candidate to keep from its measured times (< 0: failed): the fastest, unless
+// the rule's candidate is within kAutotuneMargin of it. -1 when none ran.
+int choose_fastest(const std::vector<GemmTileConfig>& candidates, const std::vector<float>& ms, GemmTileConfig rule);
+
+// The varlen kernel's configurations (K1, K4, K6 and token rounding's K2 take these only).
+inline const std::vector<GemmTileConfig>& varlen_candidates() {
+  static const std::vector<GemmTileConfig> c{
+      GemmTileConfig::kVarlenPingpong128x128x64, GemmTileConfig::kVarlenCooperative128x256x64,
+      GemmTileConfig::kVarlenCooperative256x128x64, GemmTileConfig::kVarlenCooperative128x256x64C2x1};
+  return c;
+}
+
+// Whether tuning is on (SONICMOE_AUTOTUNE is not "0").
+bool enabled();
+
+// The cache file of the current device ("" with SONICMOE_CACHE_DIR empty).
+std::string cache_path();
+
+// Runs a kAuto call: launch(config) enqueues the op with that configuration on stream. The cached
+// choice of key's class if there is one; otherwise, when tuning is on and the stream is not
+// capturing, times each candidate (one warm-up launch, then the fastest of three), caches the
+// choice and launches it; otherwise launches rule.
+Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
+           const std::function<Status(GemmTileConfig)>& launch);
+
+// Drops the in-memory choices (the files stay): the next call of each class reads the file again.
+void clear_memory();
+
+}  // namespace sonicmoe::autotune
