@@ -31,9 +31,9 @@ forward through (collectives pair up across ranks); a rank with no tokens (T = 0
 
 Kept for backward per layer: what the single-GPU plan keeps (x, the router's logits/scores, and
 moe_routed's H, scores and int32 metadata, docs/design.md §3), where moe_routed's "x" is the received rows
-(R × d, R = rows this rank's experts got), plus each send row's token (int64) and each (token, k)'s
-send row (int32), and the split sizes. The gathered send rows, the returned rows and the per-row
-outputs are transient.
+(R × d, R = rows this rank's experts got), plus the send order and each send row's token (int64),
+each (token, k)'s send row (int32), and the split sizes. The gathered send rows, the returned rows
+and the per-row outputs are transient.
 
 Gradient scale: an expert's gradient on its owner sums every EP rank's tokens (the exchange's
 backward brings them home); the router's gradient holds the rank's own tokens only, like any
