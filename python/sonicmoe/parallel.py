@@ -12,10 +12,18 @@ and w2 (E_local, d, n); the router (E, d) is replicated. A forward:
 3. exchanges the per-expert row counts (one all_to_all_single of a small int64 tensor, which
    also carries every rank's layer config and an error flag) and reads them on the host: the
    one host sync, needed to size the receive buffers;
-4. sends each row of x and its score to the expert's owner (all_to_all_single);
+4. sends each row of x and its fp32 score to the expert's owner (all_to_all_single); x's rows are
+   gathered by _GatherRows, whose backward sums each token's K gradient rows in fp32 with one
+   rounding, deterministically (autograd's index_select backward, index_add_, rounds after every
+   add in bf16 and runs on atomics);
 5. the owner runs its local experts on the kernels through sonicmoe.moe_routed, every received
    row a token with top_k = 1, the score applied there (its gradient flows back to the sender);
-6. returns the weighted rows with the reverse all_to_all_single and sums each token's K rows.
+6. returns the weighted rows with the reverse all_to_all_single and sums each token's K rows
+   (_SumRows: fp32, one rounding, deterministic; on the kernels K8, combine_dx).
+
+With one EP rank (ep_size 1) there is nothing to exchange: the layer runs the single-GPU layer
+(sonicmoe.moe, through its experts module so that FSDP2 gathers them) and moe_routed_expert_parallel
+runs sonicmoe.moe_routed, with no collective, no host sync and no copy of the rows.
 
 Autograd runs through both exchanges (their backward is the reverse exchange), into x, the
 router and the local experts' weights. Each rank must run backward through every EP layer it ran
@@ -23,8 +31,9 @@ forward through (collectives pair up across ranks); a rank with no tokens (T = 0
 
 Kept for backward per layer: what the single-GPU plan keeps (x, the router's logits/scores, and
 moe_routed's H, scores and int32 metadata, docs/design.md §3), where moe_routed's "x" is the received rows
-(R × d, R = rows this rank's experts got), plus the int64 send order and the split sizes. The
-gathered send rows, the returned rows and the per-row outputs are transient.
+(R × d, R = rows this rank's experts got), plus the send order and each send row's token (int64),
+each (token, k)'s send row (int32), and the split sizes. The gathered send rows, the returned rows
+and the per-row outputs are transient.
 
 Gradient scale: an expert's gradient on its owner sums every EP rank's tokens (the exchange's
 backward brings them home); the router's gradient holds the rank's own tokens only, like any
@@ -54,10 +63,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import reference
-from ._ops import ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, on_kernels, router_topk
-from .functional import moe_routed
+from ._ops import ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine_dx, on_kernels, router_topk
+from .functional import _kernel_rows, moe, moe_routed
 from .layer import MoE
-from .routing import scores_from_logits
+from .routing import _INT32_MAX, scores_from_logits
 
 __all__ = [
     "ExpertParallelMoE",
@@ -134,6 +143,60 @@ def all_to_all_rows(inp, out_splits, in_splits, group):
     return _AllToAllRows.apply(inp, list(out_splits), list(in_splits), group)
 
 
+def _sum_rows(rows, pos):
+    """out[t] = sum over k of rows[pos[t, k]], pos (T, K): accumulated in fp32 (fp64 rows in fp64),
+    rounded once to rows' dtype, in a fixed order (no atomics). Returns (T, d)."""
+    T, K = pos.shape
+    d = rows.shape[1]
+    # K8 (combine_dx) holds a token's K row indices in one warp's lanes and reads 16-byte vectors.
+    if (on_kernels(rows) and rows.dtype == torch.bfloat16 and 1 <= K <= ROUTER_MAX_TOP_K and d % 8 == 0
+            and rows.shape[0] <= _INT32_MAX):
+        return combine_dx(_kernel_rows(rows), pos.to(torch.int32).contiguous())
+    acc = torch.promote_types(rows.dtype, torch.float32)
+    return rows.index_select(0, pos.reshape(-1)).view(T, K, d).sum(1, dtype=acc).to(rows.dtype)
+
+
+class _GatherRows(torch.autograd.Function):
+    """rows = src.index_select(0, idx), where every src row t is taken K times: idx (T·K,) int64
+    names each row's source, pos (T, K) each source's K rows (rows[pos[t, k]] = src[t]).
+    Backward is _SumRows (each source's K gradient rows summed in fp32, rounded once,
+    deterministic); each Function is the other's transpose, so double backward works too."""
+
+    @staticmethod
+    def forward(ctx, src, idx, pos):
+        ctx.save_for_backward(idx, pos)
+        ctx.src_shape = tuple(src.shape)
+        return src.index_select(0, idx)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        idx, pos = ctx.saved_tensors
+        grad = _SumRows.apply(grad_rows, pos, idx, ctx.src_shape) if ctx.needs_input_grad[0] else None
+        return grad, None, None
+
+
+class _SumRows(torch.autograd.Function):
+    """out[t] = sum over k of rows[pos[t, k]] (_sum_rows), shaped out_shape (T rows of d, any
+    leading dims); idx (T·K,) is pos's transpose (the token of each row), for the backward, a
+    gather of the output gradient (_GatherRows)."""
+
+    @staticmethod
+    def forward(ctx, rows, pos, idx, out_shape):
+        ctx.save_for_backward(idx, pos)
+        out = _sum_rows(rows, pos)
+        # detach: a view made inside a Function would refuse in-place ops on the output (FSDP2
+        # warns of those on a module's view output); this one shares only memory.
+        return out if out.shape == tuple(out_shape) else out.view(out_shape).detach()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        idx, pos = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        grad = _GatherRows.apply(grad_out.reshape(-1, grad_out.shape[-1]), idx, pos)
+        return grad, None, None, None
+
+
 def _exchange_counts(counts, header, group, ep_size):
     """All-to-all of [header, counts of rank j's experts] to every rank j; returns the host lists
     (headers from each rank, rows this rank sends to each rank, rows it receives from each rank,
@@ -184,8 +247,15 @@ def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank,
 
     # Rows grouped by expert, hence by owner rank; stable keeps (token, k) order within one.
     order = torch.sort(flat, stable=True).indices
-    send_x = x2.index_select(0, torch.div(order, K, rounding_mode="floor"))
-    send_s = scores.reshape(-1).index_select(0, order)
+    token_of_row = torch.div(order, K, rounding_mode="floor")
+    # pos[t, k]: the send row of (t, k), order's inverse permutation (int32 where it fits, as K8 reads it).
+    index_dtype = torch.int32 if T * K <= _INT32_MAX else torch.int64
+    pos = torch.empty(T * K, dtype=index_dtype, device=device)
+    pos[order] = torch.arange(T * K, dtype=index_dtype, device=device)
+    pos = pos.view(T, K)
+    send_x = _GatherRows.apply(x2, token_of_row, pos)
+    # fp32 scores: the kernels apply them in fp32; a permutation, so its backward adds nothing up.
+    send_s = scores.float().reshape(-1).index_select(0, order)
     recv_x = all_to_all_rows(send_x, recv_rows, send_rows, group)
     recv_s = all_to_all_rows(send_s, recv_rows, send_rows, group)
     # Received rows come by source rank, each source's by local expert.
@@ -194,12 +264,8 @@ def _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank,
     y = run_local(recv_x, recv_s.unsqueeze(1), local_ids.unsqueeze(1))
     back = all_to_all_rows(y, send_rows, recv_rows, group)
     out_shape = tuple(out_shape) if out_shape is not None else tuple(x2.shape)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    # fp32 accumulation over K, as the single-GPU combine (K3); summed straight into out_shape so
-    # that the result is no view (FSDP2 warns of views: an in-place op on one skips its hook).
-    rows = back.index_select(0, inverse).view(*out_shape[:-1], K, out_shape[-1])
-    return rows.sum(dim=-2, dtype=torch.float32).to(x2.dtype)
+    # fp32 accumulation over K, as the single-GPU combine (K3).
+    return _SumRows.apply(back, pos, token_of_row, out_shape)
 
 
 def _route(logits, top_k, routing):
@@ -255,6 +321,10 @@ def moe_routed_expert_parallel(x, w1, w2, scores, experts, num_experts, group):
     _check_ep_split(num_experts, ep_size, w1.shape[0] if w1.dim() == 3 else None)
     _check_group_device(group, w1.device, "w1")
     error = _input_error(x, None, w1, w2, scores, experts)
+    if ep_size == 1:  # nothing to exchange: the single-GPU call, global ids are local ids
+        if error is not None:
+            raise ValueError(error)
+        return moe_routed(x.reshape(-1, x.shape[-1]), w1, w2, scores, experts)
     header = [int(error is not None), x.shape[-1] if error is None else -1, num_experts, w2.shape[-1],
               experts.shape[-1] if error is None else -1, 0, _DTYPE_CODES.get(getattr(x, "dtype", None), 0)]
 
@@ -269,7 +339,9 @@ def moe_routed_expert_parallel(x, w1, w2, scores, experts, num_experts, group):
 class LocalExperts(nn.Module):
     """A rank's share of the experts, w1 (E_local, 2n, d) and w2 (E_local, d, n). Its own module so
     that FSDP2 can shard it over another mesh than the router (fully_shard_moe); forward runs
-    moe_routed on received rows (FSDP2 gathers the weights in its pre-forward hook)."""
+    moe_routed on received rows, or, given router_weight (an EP group of one rank, where it holds
+    every expert), the whole single-GPU layer sonicmoe.moe on the rank's tokens. Either way
+    through forward, where FSDP2 gathers the weights in its pre-forward hook."""
 
     def __init__(self, local_experts, hidden_size, intermediate_size, device=None, dtype=None):
         super().__init__()
@@ -277,7 +349,11 @@ class LocalExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(local_experts, 2 * intermediate_size, hidden_size, **factory))
         self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, intermediate_size, **factory))
 
-    def forward(self, rows, scores, local_ids):
+    def forward(self, rows, scores=None, local_ids=None, *, router_weight=None, top_k=None, routing=None,
+                return_router_logits=False):
+        if router_weight is not None:
+            return moe(rows, router_weight, self.w1, self.w2, top_k, routing=routing,
+                       return_router_logits=return_router_logits)
         return moe_routed(rows, self.w1, self.w2, scores, local_ids)
 
     def extra_repr(self):
@@ -349,6 +425,11 @@ class ExpertParallelMoE(nn.Module):
         _check_group_device(self.ep_group, self.router_weight.device, "router_weight")
         router_weight, w1, w2 = self.router_weight, self.experts.w1, self.experts.w2
         error = _input_error(x, router_weight, w1, w2)
+        if self.ep_size == 1:  # nothing to exchange: the single-GPU layer on the rank's tokens
+            if error is not None:
+                raise ValueError(error)
+            return self.experts(x, router_weight=router_weight, top_k=self.top_k, routing=self.routing,
+                                return_router_logits=self.return_router_logits)
         d = x.shape[-1] if error is None else -1
         header = [int(error is not None), d, self.num_experts, w2.shape[-1], self.top_k,
                   _ROUTING_CODES[self.routing], _DTYPE_CODES.get(getattr(x, "dtype", None), 0)]

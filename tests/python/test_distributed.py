@@ -1,5 +1,6 @@
 """Distributed sonicmoe (sonicmoe.parallel, FSDP2): multi-process tests with gloo on CPU (the
-reference path), spawned here with a free port; a one-GPU NCCL test on the kernels.
+reference path, and where sonicmoe._C is built the kernel path on its CPU emulation), spawned here
+with a free port; a one-GPU NCCL test on the kernels; the EP row gather / sum Functions alone.
 
 Each world size runs all its scenarios in one spawn (starting processes costs most of the time
 on a 2-core machine); every scenario gathers its failures instead of raising, so the ranks stay
@@ -29,7 +30,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import sonicmoe
-from conftest import HOPPER_SKIP_REASON, requires_hopper
+from conftest import HOPPER_SKIP_REASON, requires_extension, requires_hopper
+from sonicmoe.parallel import _GatherRows, _SumRows
 
 D, N, E, K = 32, 16, 8, 2
 MODES = ("topk_softmax", "softmax_topk", "softmax_topk_norm")
@@ -231,6 +233,129 @@ def scenario_ep_edge(rank, world, failures):
         failures.append("edge: the unused expert's gradient is not exactly zero")
 
 
+def _grads(model):
+    return {name.replace("experts.", ""): p.grad for name, p in model.named_parameters()}
+
+
+def _bit_identical(failures, tag, got, want):
+    """got, want: {name: tensor}; every tensor equal to the last bit."""
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None or g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
+            err = rel_err(g, w) if g is not None and g.shape == w.shape else None
+            failures.append(f"{tag}: {name} not bit-identical (rel err {err})")
+
+
+class _NoCollectives:
+    """Within it, any collective of torch.distributed raises: what must not run, does not."""
+    NAMES = ("all_to_all_single", "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor",
+             "reduce_scatter_tensor", "broadcast", "barrier")
+
+    def __enter__(self):
+        self.saved = {n: getattr(dist, n) for n in self.NAMES}
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("a collective ran at ep_size 1")
+        for n in self.NAMES:
+            setattr(dist, n, refuse)
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(dist, n, f)
+
+
+def _ep_one_vs_moe(failures, tag, moe, x, g, logits_loss=False):
+    """EP at ep_size 1 against moe itself (same weights): output, dx and every gradient bit-identical,
+    with no collective in forward or backward."""
+    def run(model, guard):
+        xx = x.clone().requires_grad_()
+        with guard:
+            out = model(xx)
+            y, logits = out if isinstance(out, tuple) else (out, None)
+            loss = (y.float() * g).sum() + (logits.float().square().mean() if logits_loss else 0)
+            loss.backward()
+        return {"out": y.detach(), "dx": xx.grad, **_grads(model)}
+
+    import contextlib
+    ep = sonicmoe.parallel.parallelize_moe(copy.deepcopy(moe), _ep_mesh(1))
+    want = run(copy.deepcopy(moe), contextlib.nullcontext())
+    _bit_identical(failures, tag, run(ep, _NoCollectives()), want)
+
+
+def scenario_ep_one(rank, world, failures):
+    """ep_size 1: the single-GPU path as is: bit-identical to MoE and moe_routed, no collective;
+    a bad x raises its own error at once."""
+    for routing in MODES:
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            moe = sonicmoe.MoE(D, N, E, K, routing=routing, dtype=dtype)
+            x, g = _inputs(1, 0, dtype=dtype)
+            _ep_one_vs_moe(failures, f"ep1 {routing} {dtype}", moe, x, g)
+    torch.manual_seed(0)
+    moe = sonicmoe.MoE(D, N, E, K, return_router_logits=True)
+    x, g = _inputs(1, 0)
+    _ep_one_vs_moe(failures, "ep1 router logits", moe, x, g, logits_loss=True)
+    # moe_routed_expert_parallel against moe_routed.
+    w1, w2 = torch.randn(E, 2 * N, D) / D ** 0.5, torch.randn(E, D, N) / N ** 0.5
+    x2 = x.reshape(-1, D)
+    gen = torch.Generator().manual_seed(10)
+    experts = torch.randint(0, E, (x2.shape[0], 3), generator=gen)
+    scores = torch.rand(x2.shape[0], 3, generator=gen)
+    runs = []
+    for fn in (lambda *a: sonicmoe.moe_routed(*a, experts),
+               lambda *a: sonicmoe.parallel.moe_routed_expert_parallel(*a, experts, E, _ep_mesh(1))):
+        leaves = [t.clone().requires_grad_() for t in (x2, w1, w2, scores)]
+        with _NoCollectives():
+            y = fn(*leaves)
+            (y * g.reshape(-1, D)).sum().backward()
+        runs.append({"out": y.detach(), **{n: t.grad for n, t in zip(("dx", "dw1", "dw2", "dscores"), leaves)}})
+    _bit_identical(failures, "ep1 routed", runs[1], runs[0])
+    # The local checks raise directly (nothing to exchange).
+    ep = sonicmoe.parallel.parallelize_moe(copy.deepcopy(moe), _ep_mesh(1))
+    with _NoCollectives():
+        _expect_error(failures, "ep1 bad x", lambda: ep(x[..., : D - 1]), "x.shape[-1]", str(D - 1))
+        _expect_error(failures, "ep1 routed bad ids", lambda: sonicmoe.parallel.moe_routed_expert_parallel(
+            x2, w1, w2, scores, experts.float(), E, _ep_mesh(1)), "integer dtype")
+
+
+def scenario_ep_bf16(rank, world, failures):
+    """EP in bf16 against the unsharded layer in bf16 (same routing decisions), and run-to-run
+    bit-identical (the row sums have a fixed order)."""
+    mesh = _ep_mesh(world)
+    torch.manual_seed(0)
+    moe = sonicmoe.MoE(D, N, E, K, routing="softmax_topk", dtype=torch.bfloat16)
+    x, g = _inputs(world, rank, tokens=16, dtype=torch.bfloat16)
+    ref = _reference(moe, x, g)
+    ep = sonicmoe.parallel.parallelize_moe(copy.deepcopy(moe), mesh)
+    runs = []
+    for _ in range(2):
+        for p in ep.parameters():
+            p.grad = None
+        y, dx = _run(ep, x, g)
+        runs.append({"out": y, "dx": dx, **{k: v.clone() for k, v in _grads(ep).items()}})
+    _compare(failures, "ep bf16", ep, y, dx, ref, 1e-2, world)
+    _bit_identical(failures, "ep bf16 rerun", runs[1], runs[0])
+
+
+def scenario_ep_emulated(rank, world, failures):
+    """The layer's kernel path on the CPU emulation of the ops (bf16): EP over the world against
+    the unsharded layer on the same ops; at ep_size 1 bit-identical to MoE, no collective."""
+    from kernel_emulation import emulated_kernels
+    with emulated_kernels():
+        mesh = _ep_mesh(world)
+        for routing in MODES:
+            torch.manual_seed(0)
+            moe = sonicmoe.MoE(D, N, E, K, routing=routing, dtype=torch.bfloat16)
+            x, g = _inputs(world, rank, tokens=16, dtype=torch.bfloat16)
+            if world == 1:
+                _ep_one_vs_moe(failures, f"emulated ep1 {routing}", moe, x, g)
+                continue
+            ref = _reference(moe, x, g)
+            ep = sonicmoe.parallel.parallelize_moe(copy.deepcopy(moe), mesh)
+            _compare(failures, f"emulated ep {routing}", ep, *_run(ep, x, g), ref, 1e-2, world)
+
+
 def scenario_bad_input(rank, world, failures):
     """Clear errors, on every rank together, never a hang; the group stays usable after."""
     from sonicmoe.parallel import ExpertParallelMoE, fully_shard_moe, parallelize_moe
@@ -335,10 +460,13 @@ def scenario_fsdp_compile(rank, world, failures):
 
 
 SCENARIOS = {f.__name__[len("scenario_"):]: f for f in (
-    scenario_ep_modes, scenario_ep_stack, scenario_ep_routed, scenario_ep_edge, scenario_bad_input, scenario_fsdp,
-    scenario_fsdp_ep, scenario_fsdp_compile)}
+    scenario_ep_modes, scenario_ep_stack, scenario_ep_routed, scenario_ep_edge, scenario_ep_one, scenario_ep_bf16,
+    scenario_ep_emulated, scenario_bad_input, scenario_fsdp, scenario_fsdp_ep, scenario_fsdp_compile)}
+# The kernel path's emulation needs sonicmoe._C (the ops' schemas).
+EMULATED = ["ep_emulated"] if sonicmoe.extension_available() else []
 WORLD_SCENARIOS = {
-    2: list(SCENARIOS),
+    1: ["ep_one", "fsdp_ep"] + EMULATED,
+    2: [n for n in SCENARIOS if n not in ("ep_one", "ep_emulated")] + EMULATED,
     4: ["ep_modes", "ep_edge", "bad_input", "fsdp", "fsdp_ep"],
 }
 
@@ -402,6 +530,87 @@ def _world(world):
 def test_distributed_cpu(world, name):
     failures = _world(world)[name]
     assert not failures, "\n".join(failures)
+
+
+def _rows_case(T, K, dtype, seed=0):
+    """A (T, K) routing's send layout as _dispatch_combine builds it: each row's token idx (T·K,)
+    and each (t, k)'s row pos (T, K) int32."""
+    gen = torch.Generator().manual_seed(seed)
+    experts = torch.randint(0, 4, (T, K), generator=gen)
+    order = torch.sort(experts.reshape(-1), stable=True).indices
+    pos = torch.empty(T * K, dtype=torch.int32)
+    pos[order] = torch.arange(T * K, dtype=torch.int32)
+    src = torch.randn(T, D, generator=gen).to(dtype)
+    rows = torch.randn(T * K, D, generator=gen).to(dtype)
+    return src, rows, torch.div(order, K, rounding_mode="floor"), pos.view(T, K)
+
+
+@pytest.mark.parametrize("T,K", [(7, 3), (5, 1), (0, 2)])
+def test_gather_sum_rows(T, K):
+    """_GatherRows / _SumRows against plain torch (index_select under autograd, a gather and a sum):
+    values and gradients; gradcheck and gradgradcheck (each one's backward is the other)."""
+    src, rows, idx, pos = _rows_case(T, K, torch.float64)
+    src.requires_grad_()
+    rows.requires_grad_()
+    gather = _GatherRows.apply(src, idx, pos)
+    summed = _SumRows.apply(rows, pos, idx, (1, T, D))
+    assert torch.equal(gather, src.index_select(0, idx))
+    plain_sum = rows.index_select(0, pos.reshape(-1).long()).view(T, K, D).sum(1).view(1, T, D)
+    torch.testing.assert_close(summed, plain_sum, rtol=1e-12, atol=1e-12)
+    assert not summed._is_view()  # FSDP2: an in-place op on a view output would skip its hook
+    g_rows, g_out = torch.randn_like(gather), torch.randn_like(summed)
+    got = torch.autograd.grad((gather * g_rows).sum() + (summed * g_out).sum(), (src, rows))
+    want = torch.autograd.grad((src.index_select(0, idx) * g_rows).sum() + (plain_sum * g_out).sum(), (src, rows))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if T:
+        assert torch.autograd.gradcheck(lambda s: _GatherRows.apply(s, idx, pos), (src,))
+        assert torch.autograd.gradcheck(lambda r: _SumRows.apply(r, pos, idx, (T, D)), (rows,))
+        assert torch.autograd.gradgradcheck(lambda s: _GatherRows.apply(s, idx, pos), (src,))
+        assert torch.autograd.gradgradcheck(lambda r: _SumRows.apply(r, pos, idx, (T, D)), (rows,))
+
+
+def test_gather_rows_backward_rounds_once():
+    """bf16: the gather's backward sums each token's K gradient rows in fp32 and rounds once, in a
+    fixed order (autograd's index_add_ on CUDA rounds after every add, on atomics)."""
+    T, K = 64, 8
+    src, _, idx, pos = _rows_case(T, K, torch.bfloat16, seed=3)
+    src.requires_grad_()
+    g = torch.randn(T * K, D, generator=torch.Generator().manual_seed(4)).bfloat16()
+    _GatherRows.apply(src, idx, pos).backward(g)
+    once = torch.zeros(T, D, dtype=torch.float64).index_add_(0, idx, g.double()).bfloat16()
+    assert torch.equal(src.grad, once)
+
+
+@requires_extension
+def test_sum_rows_on_combine_dx():
+    """On the kernel path (bf16, the ops' CPU emulation) the sums are K8 (combine_dx), with the same
+    values as the torch formulation, both directions."""
+    from kernel_emulation import emulated_kernels
+    import sonicmoe.parallel as parallel
+    T, K = 9, 3
+    src, rows, idx, pos = _rows_case(T, K, torch.bfloat16, seed=5)
+    g = torch.randn(T, D, generator=torch.Generator().manual_seed(6)).bfloat16()
+
+    def run():
+        r, s = rows.clone().requires_grad_(), src.clone().requires_grad_()
+        out = _SumRows.apply(r, pos, idx, (T, D))
+        out.backward(g)
+        _GatherRows.apply(s, idx, pos).backward(torch.ones(T * K, D, dtype=torch.bfloat16))
+        return out.detach(), r.grad, s.grad
+
+    want = run()
+    calls = []
+    real = parallel.combine_dx
+    parallel.combine_dx = lambda *a: calls.append(1) or real(*a)
+    try:
+        with emulated_kernels():
+            got = run()
+    finally:
+        parallel.combine_dx = real
+    assert len(calls) == 2  # the return sum and the gather's backward
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
 
 
 def _gpu_worker(rank, world, port, names, out_dir):
@@ -469,5 +678,6 @@ def test_benchmark_script_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert all(v["ok"] for v in result["check"].values()), result["check"]
+    assert all(isinstance(v["worst"], str) for v in result["check"].values()), result["check"]
     assert [r["mode"] for r in result["rows"]] == ["plain", "ep", "fsdp", "fsdp_ep"]
     assert all(r["tokens_per_s_per_rank"] > 0 for r in result["rows"])
