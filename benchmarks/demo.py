@@ -60,7 +60,7 @@ def gpu_demo(name, png):
         "torch._grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K),
     }
     outputs = {label: forward().float() for label, forward in layers.items()}
-    diff = float((outputs["sonicmoe"] - outputs["torch._grouped_mm"]).norm() / outputs["torch._grouped_mm"].norm())
+    diff = float(((outputs["sonicmoe"] - outputs["torch._grouped_mm"]).norm() / outputs["torch._grouped_mm"].norm()).detach())
     del outputs
     flops = 6.0 * T * K * d * n
     rows = {}
