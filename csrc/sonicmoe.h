@@ -116,7 +116,9 @@ struct GatheredVarlenProblem : VarlenProblem {
 // Varlen-M grouped GEMM (K2 of docs/design.md §4):
 //   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
 // All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
-// config: any GemmTileConfig (b_layout kKN and partial_rows: kAuto or a varlen one).
+// config: any GemmTileConfig (b_layout kKN and partial_rows: kAuto or a varlen one). On an
+// sm_100 GPU (cc 10.0, a build with 100a; b_layout kNK only): kAuto only, no partial_rows, and
+// kAuto picks an sm100 kernel by sm100/heuristics.h.
 struct GroupedGemmParams : VarlenProblem {
   const void* a = nullptr;                  // (m_total, k) bf16, rows sorted by expert
   const void* b = nullptr;                  // (num_experts, n_out, k) bf16 (the w2 layout)
@@ -142,7 +144,8 @@ std::string check_grouped_gemm(const GroupedGemmParams& params);
 // (built on the device from expert_offsets) plus CUTLASS's own workspace.
 size_t grouped_gemm_workspace_size(int num_experts, int sm_count);
 
-// The tile configuration kAuto resolves to for this shape.
+// The tile configuration kAuto resolves to for this shape on an sm_90 GPU (sm100 picks among its
+// own kernels: sm100/heuristics.h).
 GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_t k,
                                           int num_experts);
 
