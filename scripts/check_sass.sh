@@ -49,28 +49,30 @@ count() { grep -cE "$1" "$2" || true; }
 # names REGEX FILE: the distinct opcodes that match, with counts ("UTCHMMA.2CTA:4 ...").
 names() { grep -oE "$1" "$2" | sort | uniq -c | awk '{printf "%s%s:%s", (NR>1?" ":""), $2, $1}' || true; }
 
-printf '%-62s %-8s %-8s %-34s %-8s %s\n' unit arch cubin "MMA (opcode:count)" UTMALDG result
+printf '%-72s %-8s %-8s %-34s %-8s %s\n' unit arch cubin "MMA (opcode:count)" UTMALDG result
 misses=0
 for obj in "${objects[@]}"; do
   unit=$(basename "$obj" .o)
   case "$unit" in
-    *_sm100.cu) arch=sm_100a; mma='\bUTC[A-Z]*MMA[A-Z0-9_.]*' ;;
-    *_sm90.cu) arch=sm_90a; mma='\bHGMMA[A-Z0-9_.]*' ;;
+    *_sm100.cu) arch=sm_100a; mma='\bUTC[A-Z]*MMA[A-Z0-9_.]*'; label="tcgen05 MMA (UTC*MMA)" ;;
+    *_sm90.cu) arch=sm_90a; mma='\bHGMMA[A-Z0-9_.]*'; label="HGMMA" ;;
   esac
   sass="$work/$unit.sass"
   "$CUOBJDUMP" -sass "$obj" > "$sass" 2>/dev/null || : > "$sass"
   cubins=$("$CUOBJDUMP" -lelf "$obj" 2>/dev/null | grep -oE 'sm_[0-9]+[af]?\.cubin' | sed 's/\.cubin//' | sort -u | tr '\n' ' ' | sed 's/ $//')
   n_mma=$(count "$mma" "$sass")
   n_tma=$(count '\bUTMALDG' "$sass")
-  result=ok
-  [ "$cubins" = "$arch" ] || result="MISS: cubin ${cubins:-none}, want $arch only"
-  [ "$n_mma" -gt 0 ] || result="MISS: no ${mma//\\b/} instruction"
+  result=""
+  [ "$cubins" = "$arch" ] || result+="MISS: cubin ${cubins:-none}, want $arch only; "
+  [ "$n_mma" -gt 0 ] || result+="MISS: no $label; "
   # TMA loads are required of the sm100 units (their mainloop is TMA-only); the sm90 weight
   # gradients' gathered operand loads by cp.async, so there they are reported, not required.
-  if [ "$arch" = sm_100a ] && [ "$n_tma" -eq 0 ]; then result="MISS: no UTMALDG"; fi
+  if [ "$arch" = sm_100a ] && [ "$n_tma" -eq 0 ]; then result+="MISS: no UTMALDG; "; fi
+  result=${result%; }
+  result=${result:-ok}
   [ "$result" = ok ] || misses=$((misses + 1))
   mma_names=$(names "$mma" "$sass")
-  printf '%-62s %-8s %-8s %-34s %-8s %s\n' "$unit" "$arch" "$cubins" "${mma_names:-none}" "$n_tma" "$result"
+  printf '%-72s %-8s %-8s %-34s %-8s %s\n' "$unit" "$arch" "$cubins" "${mma_names:-none}" "$n_tma" "$result"
 done
 echo "checked ${#objects[@]} units with $CUOBJDUMP: $misses miss(es)"
 [ "$misses" -eq 0 ]
