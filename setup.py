@@ -5,10 +5,13 @@ The extension links against the torch of the interpreter that runs the build: bu
 `pip wheel . --no-build-isolation` (or `pip install . --no-build-isolation`) in the environment
 that will run it. Under pip's default build isolation the build's torch is a fresh download, whose
 version need not be the one you run. The wheel's version carries what it was built for:
-0.2.0+cu130torch2.14sm90a (CUDA, torch, kernel archs); python/sonicmoe/version.py holds the base.
+0.2.0+cu130torch2.14sm90a (CUDA, torch, kernel archs; ...sm90a.sm100a for "90a;100a");
+python/sonicmoe/version.py holds the base.
 
 Environment:
-  SONICMOE_CUDA_ARCHS  arch list for the kernels (default "90a"; only Hopper kernels exist yet)
+  SONICMOE_CUDA_ARCHS  arch list for the kernels: "90a" (default), "100a" or "90a;100a" (also
+                       comma-separated); sm_100a holds grouped_gemm (b_layout NK) only so far.
+                       Passed to CMake, which refuses any other arch; the wheel's label names it
   MAX_JOBS             parallel compile jobs (default: all cores)
   CUDA_HOME            defaults to /usr/local/cuda (torch would otherwise guess /usr/local)
   SONICMOE_PREBUILT_KERNELS

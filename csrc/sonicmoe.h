@@ -21,6 +21,36 @@ struct Status {
   static Status error(std::string msg) { return {std::move(msg)}; }
 };
 
+// The GPU families the kernels are built for. An arch-specific target ('a') loads only on its
+// exact compute capability: sm_90a on 9.0 (H100, H200), sm_100a on 10.0 (B200, GB200), not on
+// 10.3 (B300, sm_103) or 12.x.
+enum class KernelArch : int { kNone = 0, kSm90 = 90, kSm100 = 100 };
+
+// The archs this library holds kernels for (SONICMOE_CUDA_ARCHS at build time).
+struct BuiltArchs {
+  bool sm90 = false;
+  bool sm100 = false;
+};
+BuiltArchs built_archs();
+
+// The kernel family of a compute capability: 90 for 9.0, 100 for 10.0, else 0 (none).
+constexpr int arch_family(int major, int minor) {
+  return major == 9 && minor == 0 ? 90 : major == 10 && minor == 0 ? 100 : 0;
+}
+// arch_family of a CUDA device's compute capability; 0 when the query fails.
+int device_arch(int device);
+
+// Which kernels op runs on a GPU of compute capability major.minor, given the archs built and
+// whether the op has an sm_100a path (grouped_gemm with b_layout NK only, so far): the family,
+// or kNone with a message that names the GPU, the build and what to do. Pure: no device access.
+struct KernelArchChoice {
+  KernelArch arch = KernelArch::kNone;
+  std::string error;
+};
+KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltArchs built, bool op_has_sm100);
+// The same for a CUDA device of this build (queries its compute capability).
+KernelArchChoice device_kernel_arch(const char* op, int device, bool op_has_sm100);
+
 // Tile configurations of the sm90 grouped GEMM (csrc/common/tile_size.h spells them out).
 // kAuto lets the heuristic (csrc/sm90/heuristics.h) choose from the problem shape.
 enum class GemmTileConfig : int {
@@ -86,7 +116,9 @@ struct GatheredVarlenProblem : VarlenProblem {
 // Varlen-M grouped GEMM (K2 of docs/design.md §4):
 //   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
 // All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
-// config: any GemmTileConfig (b_layout kKN and partial_rows: kAuto or a varlen one).
+// config: any GemmTileConfig (b_layout kKN and partial_rows: kAuto or a varlen one). On an
+// sm_100 GPU (cc 10.0, a build with 100a; b_layout kNK only): kAuto only, no partial_rows, and
+// kAuto picks an sm100 kernel by sm100/heuristics.h.
 struct GroupedGemmParams : VarlenProblem {
   const void* a = nullptr;                  // (m_total, k) bf16, rows sorted by expert
   const void* b = nullptr;                  // (num_experts, n_out, k) bf16 (the w2 layout)
@@ -112,7 +144,8 @@ std::string check_grouped_gemm(const GroupedGemmParams& params);
 // (built on the device from expert_offsets) plus CUTLASS's own workspace.
 size_t grouped_gemm_workspace_size(int num_experts, int sm_count);
 
-// The tile configuration kAuto resolves to for this shape.
+// The tile configuration kAuto resolves to for this shape on an sm_90 GPU (sm100 picks among its
+// own kernels: sm100/heuristics.h).
 GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_t k,
                                           int num_experts);
 

@@ -10,10 +10,15 @@
 #include "sm90/heuristics.h"
 #include "sonicmoe.h"
 
+#if !defined(SONICMOE_HAS_SM90)
+#error "SONICMOE_HAS_SM90 must be defined (CMakeLists.txt)"
+#endif
+
 namespace sonicmoe {
 namespace {
 
 Status launch_down_proj_grad(const DownProjGradParams& p, GemmTileConfig config) {
+#if SONICMOE_HAS_SM90
   switch (config) {
     case GemmTileConfig::kVarlenPingpong128x128x64: return sm90::run_down_proj_grad(p);
     case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_down_proj_grad_cooperative_128x256(p);
@@ -22,6 +27,10 @@ Status launch_down_proj_grad(const DownProjGradParams& p, GemmTileConfig config)
     default:
       return Status::error("down_proj_grad: no kernel for tile config " + std::to_string(static_cast<int>(config)));
   }
+#else
+  (void)p, (void)config;
+  return Status::error("down_proj_grad: this build holds no sm_90a kernels");  // check_sm90_only_device refuses first
+#endif
 }
 
 }  // namespace
@@ -46,6 +55,8 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   if (!aligned16(p.d_out) || !aligned16(p.w2) || !aligned16(p.h) || !aligned16(p.d_h) ||
       !aligned16(p.a_scaled))
     return Status::error("down_proj_grad: d_out, w2, h, d_h and a_scaled must be 16-byte aligned");
+  problem = check_sm90_only_device("down_proj_grad");
+  if (!problem.empty()) return Status::error(problem);
   Status status;
   if (p.config != GemmTileConfig::kAuto) {
     status = launch_down_proj_grad(p, p.config);

@@ -9,14 +9,23 @@
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
+#include "sm100/grouped_gemm_sm100.h"
+#include "sm100/heuristics.h"
 #include "common/host_rules.h"
+#include "common/cuda_check.h"
 #include "host/autotune.h"
 #include "sonicmoe.h"
+
+// CMakeLists.txt sets both from SONICMOE_CUDA_ARCHS; a kernel family not built has no symbols to
+// call, so its dispatch is compiled out.
+#if !defined(SONICMOE_HAS_SM90) || !defined(SONICMOE_HAS_SM100)
+#error "SONICMOE_HAS_SM90 and SONICMOE_HAS_SM100 must be defined (CMakeLists.txt)"
+#endif
 
 namespace sonicmoe {
 namespace {
 
-std::string value_rule(const char* name, int64_t value, const char* rule) {
+std::string value_rule(const char* name, int64_t value, const std::string& rule) {
   return rule_message("grouped_gemm", name, value, rule);
 }
 
@@ -38,6 +47,7 @@ std::string check_grouped_gemm_pointers(const GroupedGemmParams& p) {
   return {};
 }
 
+#if SONICMOE_HAS_SM90
 template <GemmTileConfig... Configs>
 size_t max_cutlass_workspace(GemmTileConfigList<Configs...>, int num_experts, int sm_count) {
   size_t bytes = 0;
@@ -103,7 +113,68 @@ const std::vector<GemmTileConfig>& all_candidates() {
   return c;
 }
 
+Status run_grouped_gemm_sm90(const GroupedGemmParams& params) {
+  if (params.b_layout == WeightLayout::kKN) {
+    if (params.config != GemmTileConfig::kAuto) return launch_kn(params, params.config);
+    const autotune::Key key{autotune::Op::kGroupedGemmKN, params.n_out, params.k, autotune::bit_width(params.m_total),
+                            params.num_experts, params.sm_count,
+                            int(params.partial_rows) | int(params.addend_rows != nullptr) << 1};
+    const GemmTileConfig rule =
+        sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out, params.k, params.num_experts);
+    return autotune::run(key, rule, autotune::varlen_candidates(), params.stream,
+                         [&](GemmTileConfig config) { return launch_kn(params, config); });
+  }
+  if (params.config != GemmTileConfig::kAuto) return launch_nk(params, params.config);
+  // Token rounding's buffers (partial_rows) run on the varlen kernels only (check_grouped_gemm);
+  // the rule keeps them on ping-pong.
+  const GemmTileConfig rule =
+      params.partial_rows ? GemmTileConfig::kVarlenPingpong128x128x64
+                          : choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
+  const autotune::Key key{autotune::Op::kGroupedGemm, params.n_out, params.k, autotune::bit_width(params.m_total),
+                          params.num_experts, params.sm_count, int(params.partial_rows)};
+  return autotune::run(key, rule, params.partial_rows ? autotune::varlen_candidates() : all_candidates(),
+                       params.stream, [&](GemmTileConfig config) { return launch_nk(params, config); });
+}
+#endif  // SONICMOE_HAS_SM90
+
+#if SONICMOE_HAS_SM100
+size_t sm100_cutlass_workspace(int num_experts, int sm_count) {
+  return std::max(
+      sm100::grouped_gemm_cutlass_workspace_size<sm100::GemmConfig::k1Sm128x256x64>(num_experts, sm_count),
+      sm100::grouped_gemm_cutlass_workspace_size<sm100::GemmConfig::k2Sm256x256x64C2x1>(num_experts, sm_count));
+}
+#endif
+
+Status run_grouped_gemm_sm100(const GroupedGemmParams& params) {
+  std::string problem = sm100::check_grouped_gemm(params);
+  if (!problem.empty()) return Status::error(problem);
+#if SONICMOE_HAS_SM100
+  switch (sm100::choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts)) {
+    case sm100::GemmConfig::k2Sm256x256x64C2x1:
+      return sm100::run_grouped_gemm<sm100::GemmConfig::k2Sm256x256x64C2x1>(params);
+    case sm100::GemmConfig::k1Sm128x256x64: break;
+  }
+  return sm100::run_grouped_gemm<sm100::GemmConfig::k1Sm128x256x64>(params);
+#else
+  return Status::error("grouped_gemm: this build holds no sm_100a kernels");  // device_kernel_arch refuses first
+#endif
+}
+
 }  // namespace
+
+// The rules sm100 adds to check_grouped_gemm's (only b_layout NK reaches here): its kernels are
+// CUTLASS's ptr-array grouped GEMM, chosen by rule, and no GemmTileConfig names them.
+std::string sm100::check_grouped_gemm(const GroupedGemmParams& p) {
+  if (p.config != GemmTileConfig::kAuto)
+    return value_rule("config", static_cast<int>(p.config),
+                      std::string("must be 0 (auto) on an sm_100 GPU in this build (the other GemmTileConfigs "
+                                  "are sm90 kernels); ") + sm100::kGroupedGemmRule);
+  if (p.partial_rows)
+    return value_rule("partial_rows", 1,
+                      "must be false on an sm_100 GPU: its ptr-array kernel needs expert_offsets[E] = m_total "
+                      "(partial rows run on the sm90 varlen kernels only)");
+  return {};
+}
 
 std::string check_grouped_gemm(const GroupedGemmParams& p) {
   if (p.num_experts < 1) return value_rule("num_experts", p.num_experts, "must be >= 1");
@@ -134,8 +205,15 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
   return {};
 }
 
+// The most any kernel family built may need: the device is not known here.
 size_t grouped_gemm_workspace_size(int num_experts, int sm_count) {
-  const size_t cutlass_bytes = max_cutlass_workspace(PtrArrayGemmTileConfigs{}, num_experts, sm_count);
+  size_t cutlass_bytes = 0;
+#if SONICMOE_HAS_SM90
+  cutlass_bytes = std::max(cutlass_bytes, max_cutlass_workspace(PtrArrayGemmTileConfigs{}, num_experts, sm_count));
+#endif
+#if SONICMOE_HAS_SM100
+  cutlass_bytes = std::max(cutlass_bytes, sm100_cutlass_workspace(num_experts, sm_count));
+#endif
   return grouped_gemm_workspace_layout(num_experts, cutlass_bytes).total;
 }
 
@@ -151,26 +229,18 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   problem = check_grouped_gemm_pointers(params);
   if (!problem.empty()) return Status::error(problem);
 
-  if (params.b_layout == WeightLayout::kKN) {
-    if (params.config != GemmTileConfig::kAuto) return launch_kn(params, params.config);
-    const autotune::Key key{autotune::Op::kGroupedGemmKN, params.n_out, params.k, autotune::bit_width(params.m_total),
-                            params.num_experts, params.sm_count,
-                            int(params.partial_rows) | int(params.addend_rows != nullptr) << 1};
-    const GemmTileConfig rule =
-        sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out, params.k, params.num_experts);
-    return autotune::run(key, rule, autotune::varlen_candidates(), params.stream,
-                         [&](GemmTileConfig config) { return launch_kn(params, config); });
-  }
-  if (params.config != GemmTileConfig::kAuto) return launch_nk(params, params.config);
-  // Token rounding's buffers (partial_rows) run on the varlen kernels only (check_grouped_gemm);
-  // the rule keeps them on ping-pong.
-  const GemmTileConfig rule =
-      params.partial_rows ? GemmTileConfig::kVarlenPingpong128x128x64
-                          : choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts);
-  const autotune::Key key{autotune::Op::kGroupedGemm, params.n_out, params.k, autotune::bit_width(params.m_total),
-                          params.num_experts, params.sm_count, int(params.partial_rows)};
-  return autotune::run(key, rule, params.partial_rows ? autotune::varlen_candidates() : all_candidates(),
-                       params.stream, [&](GemmTileConfig config) { return launch_nk(params, config); });
+  // The device's kernel family (the caller has made the launch device current).
+  int device = 0;
+  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+  const bool nk = params.b_layout == WeightLayout::kNK;
+  const KernelArchChoice arch = device_kernel_arch(nk ? "grouped_gemm" : "grouped_gemm (b_layout KN)", device, nk);
+  if (arch.arch == KernelArch::kSm100) return run_grouped_gemm_sm100(params);
+  if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
+#if SONICMOE_HAS_SM90
+  return run_grouped_gemm_sm90(params);
+#else
+  return Status::error("grouped_gemm: this build holds no sm_90a kernels");  // device_kernel_arch refuses first
+#endif
 }
 
 }  // namespace sonicmoe

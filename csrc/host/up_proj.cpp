@@ -10,11 +10,16 @@
 #include "common/host_rules.h"
 #include "sonicmoe.h"
 
+#if !defined(SONICMOE_HAS_SM90)
+#error "SONICMOE_HAS_SM90 must be defined (CMakeLists.txt)"
+#endif
+
 namespace sonicmoe {
 
 namespace {
 
 Status launch_up_proj(const UpProjParams& p, GemmTileConfig config) {
+#if SONICMOE_HAS_SM90
   switch (config) {
     case GemmTileConfig::kVarlenPingpong128x128x64: return sm90::run_up_proj(p);
     case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_up_proj_cooperative_128x256(p);
@@ -22,6 +27,10 @@ Status launch_up_proj(const UpProjParams& p, GemmTileConfig config) {
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return sm90::run_up_proj_cooperative_128x256_c2x1(p);
     default: return Status::error("up_proj: no kernel for tile config " + std::to_string(static_cast<int>(config)));
   }
+#else
+  (void)p, (void)config;
+  return Status::error("up_proj: this build holds no sm_90a kernels");  // check_sm90_only_device refuses first
+#endif
 }
 
 }  // namespace
@@ -44,6 +53,8 @@ Status run_up_proj(const UpProjParams& p) {
     return Status::error("up_proj: x, w1, expert_offsets, gather_idx and a must be non-null");
   if (!aligned16(p.x) || !aligned16(p.w1) || !aligned16(p.a) || (p.h != nullptr && !aligned16(p.h)))
     return Status::error("up_proj: x, w1, h and a must be 16-byte aligned");
+  problem = check_sm90_only_device("up_proj");
+  if (!problem.empty()) return Status::error(problem);
   if (p.config != GemmTileConfig::kAuto) return launch_up_proj(p, p.config);
   const autotune::Key key{autotune::Op::kUpProj, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
                           p.sm_count, int(p.partial_rows) | int(p.h != nullptr) << 1};

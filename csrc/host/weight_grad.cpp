@@ -10,6 +10,10 @@
 #include "host/autotune.h"
 #include "sonicmoe.h"
 
+#if !defined(SONICMOE_HAS_SM90)
+#error "SONICMOE_HAS_SM90 must be defined (CMakeLists.txt)"
+#endif
+
 namespace sonicmoe {
 namespace {
 
@@ -58,10 +62,15 @@ std::string check_weight_grad(const WeightGradParams& p) {
 namespace {
 
 Status launch_weight_grad(const WeightGradParams& p, GemmTileConfig config) {
+#if SONICMOE_HAS_SM90
   if (config == GemmTileConfig::kVarlenCooperative128x256x64C2x1 && p.m_total > 0)
     return sm90::run_weight_grad_cooperative_c2x1(p);
   if (cooperative_weight_grad(config) && p.m_total > 0) return sm90::run_weight_grad_cooperative(p);
   return sm90::run_weight_grad(p);
+#else
+  (void)p, (void)config;
+  return Status::error("weight_grad: this build holds no sm_90a kernels");  // check_sm90_only_device refuses first
+#endif
 }
 
 }  // namespace
@@ -76,6 +85,8 @@ Status run_weight_grad(const WeightGradParams& p) {
     return Status::error("weight_grad: a, b, expert_offsets, gather_idx and out must be non-null");
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out))
     return Status::error("weight_grad: a, b and out must be 16-byte aligned");
+  const std::string device_problem = check_sm90_only_device("weight_grad");
+  if (!device_problem.empty()) return Status::error(device_problem);
   // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA
   // cannot describe an empty tensor).
   const bool partial = p.partial_rows && !p.rows_past_end_zeroed;

@@ -2,7 +2,11 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "host/autotune.h"
+#include "sonicmoe.h"
 #include "torch/ops.h"
 
 // Importing sonicmoe._C registers the ops below; the module itself has no Python functions.
@@ -63,6 +67,14 @@ TORCH_LIBRARY(sonicmoe, m) {
   // forgetting the choices held in memory (the next call of each class reads the file again).
   m.def("autotune_cache_path() -> str", [] { return sonicmoe::autotune::cache_path(); });
   m.def("autotune_clear() -> ()", [] { sonicmoe::autotune::clear_memory(); });
+  // The kernel archs the library was built for (SONICMOE_CUDA_ARCHS): 90 for sm_90a, 100 for sm_100a.
+  m.def("kernel_archs() -> int[]", [] {
+    const sonicmoe::BuiltArchs built = sonicmoe::built_archs();
+    std::vector<int64_t> archs;
+    if (built.sm90) archs.push_back(90);
+    if (built.sm100) archs.push_back(100);
+    return archs;
+  });
 }
 
 TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {

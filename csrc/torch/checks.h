@@ -78,21 +78,22 @@ inline void check_aligned16(const char* op, const at::Tensor& t, const char* nam
             std::to_string(addr), "must be 16-byte aligned (TMA); a sliced view may not be");
 }
 
-// The device must be one this build has kernels for: every kernel is compiled for sm_90a only
-// (CMakeLists.txt), and an sm_90a kernel loads on no other GPU.
-inline void check_hopper(const char* op, const at::Tensor& t, const std::string& name) {
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()));
-  check_arg(major == 9 && minor == 0, op, name + ".device",
-            t.device().str() + " (sm_" + std::to_string(major) + std::to_string(minor) + ")",
-            "must be a Hopper GPU (sm_90: H100, H200); this build has sm_90a kernels only");
+// The device must be one this build has kernels for, for this op: sm_90 (H100, H200) where the
+// library holds sm_90a kernels; sm_100 (B200, GB200) only for an op with sm_100a kernels
+// (op_has_sm100: grouped_gemm with b_layout NK, so far) where the library holds them. An 'a'
+// cubin loads on its exact compute capability only. The message (device_kernel_arch) names the
+// GPU, the build and the fix.
+inline void check_kernel_device(const char* op, const at::Tensor& t, const std::string& name, bool op_has_sm100) {
+  const KernelArchChoice choice = device_kernel_arch(op, t.get_device(), op_has_sm100);
+  if (choice.arch == KernelArch::kNone)
+    TORCH_CHECK_VALUE(false, choice.error + " (" + name + ".device = " + t.device().str() + ")");
 }
 
-// Every tensor on the CUDA device of the first one, a Hopper GPU (after all other checks, so CPU
-// tests reach those first).
+// Every tensor on the CUDA device of the first one, a GPU this build runs op on (after all other
+// checks, so CPU tests reach those first).
 inline void check_same_cuda_device(
-    const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors) {
+    const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors,
+    bool op_has_sm100 = false) {
   const at::Tensor& first = *tensors.begin()->first;
   const std::string first_name = tensors.begin()->second;
   for (const auto& [t, name] : tensors) {
@@ -102,10 +103,10 @@ inline void check_same_cuda_device(
               t->device().str(), "must be the device of " + first_name + " (" +
                                      first.device().str() + ")");
   }
-  check_hopper(op, first, first_name);
+  check_kernel_device(op, first, first_name, op_has_sm100);
 }
 
-// The SM count of t's device (a Hopper GPU: check_same_cuda_device has checked it).
+// The SM count of t's device (check_same_cuda_device has checked it).
 inline int device_sm_count(const at::Tensor& t) {
   int sm_count = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, t.get_device()));

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "common/tile_size.h"
+#include "sm100/grouped_gemm_sm100.h"
 #include "sonicmoe.h"
 #include "torch/checks.h"
 #include "torch/ops.h"
@@ -90,11 +91,18 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
                        const std::optional<at::Tensor>& addend_rows = std::nullopt) {
   check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
   check_addend_args(a, b, addend_scale, addend_rows);
-  check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
+  // b_layout NK (K2) has sm_100a kernels; KN (K6, torch's grouped_gemm_kn) is sm90 only so far.
+  const bool nk = layout == WeightLayout::kNK;
+  const char* op = nk ? kOp : "grouped_gemm_kn";
+  check_same_cuda_device(op, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}}, nk);
   if (addend_scale.has_value())
-    check_same_cuda_device(kOp, {{&a, "a"}, {&*addend_scale, "addend_scale"}, {&*addend_rows, "addend_rows"}});
+    check_same_cuda_device(op, {{&a, "a"}, {&*addend_scale, "addend_scale"}, {&*addend_rows, "addend_rows"}});
   const c10::cuda::CUDAGuard guard(a.device());
   GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
+  if (nk && device_arch(a.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
+    const std::string problem = sm100::check_grouped_gemm(p);
+    TORCH_CHECK_VALUE(problem.empty(), problem);
+  }
   at::Tensor out = at::empty({a.size(0), p.n_out}, a.options());
   if (a.size(0) == 0) return out;
 

@@ -9,7 +9,7 @@ sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
 from . import parallel, reference
 from ._ops import (GEMM_TILE_CONFIGS, autotune_cache_path, autotune_clear, combine, combine_csr, combine_dx,
                    device_routing_metadata, down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn,
-                   h_column_order, router_topk, up_proj, weight_grad)
+                   h_column_order, kernel_archs, router_topk, up_proj, weight_grad)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -30,6 +30,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_gemm_kn",
     "h_column_order",
+    "kernel_archs",
     "moe",
     "moe_routed",
     "parallel",

@@ -39,6 +39,12 @@ def extension_available() -> bool:
 KERNEL_DEVICE_TYPES = {"cuda"}
 
 
+def kernel_archs() -> tuple[int, ...]:
+    """The kernel archs of the built extension (SONICMOE_CUDA_ARCHS): 90 for sm_90a, 100 for
+    sm_100a; () without the extension. sm_100a holds grouped_gemm (b_layout NK) only so far."""
+    return tuple(torch.ops.sonicmoe.kernel_archs()) if _C is not None else ()
+
+
 def on_kernels(t: torch.Tensor) -> bool:
     """Whether the ops run on tensors like t: the extension is built and t is on a kernel device."""
     return _C is not None and t.device.type in KERNEL_DEVICE_TYPES
@@ -61,6 +67,8 @@ def grouped_gemm(
     a: (M_total, k) bf16, rows sorted by expert; b: (E, n_out, k) bf16 (the w2 layout);
     expert_offsets: (E+1,) int32 on the device. Returns (M_total, n_out) bf16.
     partial_rows: expert_offsets[E] may stop short of M_total (rows past it are not written).
+    On a Blackwell sm_100 GPU (a build with SONICMOE_CUDA_ARCHS="90a;100a"): tile_config "auto"
+    only, no partial_rows (CUTLASS's sm100 ptr-array kernel, chosen by rule).
     """
     _require_extension()
     return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, _tile_config_number(tile_config), partial_rows)

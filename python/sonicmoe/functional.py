@@ -74,11 +74,24 @@ def _token_rows(x, d):
     return _kernel_rows(x.reshape(-1, d))
 
 
-# The compute capabilities this build has kernels for: CMakeLists.txt compiles every kernel for
-# sm_90a only, and an sm_90a kernel loads on no other GPU. The ops check the same in C++
-# (csrc/torch/checks.h); checking here too refuses before the layer launches anything.
+# The compute capabilities the layer runs on: every op it launches has sm_90a kernels only
+# (CMakeLists.txt; an sm_90a kernel loads on no other GPU). A "90a;100a" build adds sm_100a
+# kernels for grouped_gemm alone, which the layer cannot run on by itself, so a Blackwell GPU is
+# refused here too, before anything is launched. The ops check in C++ as well (csrc/torch/checks.h).
 _KERNEL_CAPABILITIES = ((9, 0),)
 _devices_checked = set()
+
+
+def _kernel_device_rule(major, minor):
+    """Why a GPU of compute capability major.minor cannot run the layer."""
+    rule = "must be a Hopper GPU (sm_90: H100, H200)"
+    if (major, minor) == (10, 0):
+        return (rule + "; on Blackwell (sm_100: B200, GB200) only torch.ops.sonicmoe.grouped_gemm has kernels "
+                "yet (a build with SONICMOE_CUDA_ARCHS=\"90a;100a\"), and the layer needs every op")
+    if major == 10:
+        return (rule + f"; sm_{major}{minor} is not sm_100 either: sm_100a kernels load on compute capability 10.0 "
+                "only (B200, GB200)")
+    return rule + "; this build has sm_90a kernels only"
 
 
 def _check_kernel_device(device):
@@ -87,9 +100,8 @@ def _check_kernel_device(device):
         return
     major, minor = torch.cuda.get_device_capability(index)
     if (major, minor) not in _KERNEL_CAPABILITIES:
-        raise ValueError(f"x.device = {device} (sm_{major}{minor}) breaks the rule: must be a Hopper GPU "
-                         "(sm_90: H100, H200); this build has sm_90a kernels only (Blackwell is not "
-                         "supported yet)")
+        raise ValueError(f"x.device = {device} (sm_{major}{minor}) breaks the rule: "
+                         + _kernel_device_rule(major, minor))
     _devices_checked.add(index)
 
 

@@ -1,10 +1,11 @@
 // GoogleTest suite of the kernel library: host logic (runs anywhere) and the sm90 grouped GEMM
-// against a CPU loop (needs a Hopper GPU; skips elsewhere).
+// against a CPU loop (needs a Hopper GPU; skips elsewhere), the sm100 one likewise on a B200.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "common/grouped_gemm_workspace.h"
 #include "common/tile_size.h"
 #include "sm90/heuristics.h"
+#include "sm100/grouped_gemm_sm100.h"
 #include "sonicmoe.h"
 #include "test_util.h"
 
@@ -175,7 +177,10 @@ struct GemmCase {
   GemmTileConfig config;
 };
 
-void run_case(const GemmCase& c, uint32_t seed) {
+using Launch = std::function<sonicmoe::Status(const GroupedGemmParams&)>;
+
+// launch: run_grouped_gemm (the device's dispatch), or one kernel directly.
+void run_case(const GemmCase& c, uint32_t seed, const Launch& launch = sonicmoe::run_grouped_gemm) {
   const int experts = static_cast<int>(c.rows_per_expert.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + c.rows_per_expert[e];
@@ -215,7 +220,7 @@ void run_case(const GemmCase& c, uint32_t seed) {
   p.workspace_bytes = ws_bytes;
   p.sm_count = sm_count;
   p.config = c.config;
-  const sonicmoe::Status st = sonicmoe::run_grouped_gemm(p);
+  const sonicmoe::Status st = launch(p);
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -291,5 +296,61 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
       return std::string(sonicmoe::gemm_tile_config_name(info.param));
     });
+
+#if SONICMOE_HAS_SM100
+// The sm100 kernels, each called directly (sm100 takes only auto through run_grouped_gemm), and
+// auto through the dispatch. Same cases and tolerance as sm90.
+enum class Sm100Launch { kAuto, k1Sm, k2Sm };
+
+class SM100_GroupedGemm : public ::testing::TestWithParam<Sm100Launch> {
+ protected:
+  void SetUp() override {
+    if (!sonicmoe::test::blackwell_available()) GTEST_SKIP() << "needs a Blackwell sm_100 GPU (B200, GB200)";
+  }
+  static Launch launch() {
+    using sonicmoe::sm100::GemmConfig;
+    switch (GetParam()) {
+      case Sm100Launch::k1Sm: return sonicmoe::sm100::run_grouped_gemm<GemmConfig::k1Sm128x256x64>;
+      case Sm100Launch::k2Sm: return sonicmoe::sm100::run_grouped_gemm<GemmConfig::k2Sm256x256x64C2x1>;
+      case Sm100Launch::kAuto: break;
+    }
+    return sonicmoe::run_grouped_gemm;
+  }
+};
+
+TEST_P(SM100_GroupedGemm, bf16_ragged_experts_with_empty_ones) {
+  run_case({{0, 37, 128, 0, 1, 300, 0, 65}, 256, 384, GemmTileConfig::kAuto}, 1, launch());
+}
+
+TEST_P(SM100_GroupedGemm, bf16_one_expert_holds_all_rows) {
+  run_case({{0, 0, 777, 0}, 512, 256, GemmTileConfig::kAuto}, 2, launch());  // auto: the pair tile
+}
+
+TEST_P(SM100_GroupedGemm, bf16_single_expert_k_not_multiple_of_tile) {
+  run_case({{200}, 72, 136, GemmTileConfig::kAuto}, 3, launch());
+}
+
+TEST_P(SM100_GroupedGemm, bf16_many_experts) {
+  std::vector<int> rows(128);
+  std::mt19937 rng(4);
+  for (auto& r : rows) r = static_cast<int>(rng() % 40);
+  run_case({rows, 128, 256, GemmTileConfig::kAuto}, 4, launch());
+}
+
+TEST_P(SM100_GroupedGemm, bf16_many_tiles_per_cta_and_deep_k) {
+  std::vector<int> rows(64);
+  std::mt19937 rng(5);
+  for (auto& r : rows) r = static_cast<int>(rng() % 600);
+  run_case({rows, 512, 256, GemmTileConfig::kAuto}, 5, launch());
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, SM100_GroupedGemm,
+                         ::testing::Values(Sm100Launch::kAuto, Sm100Launch::k1Sm, Sm100Launch::k2Sm),
+                         [](const ::testing::TestParamInfo<Sm100Launch>& info) {
+                           return std::string(info.param == Sm100Launch::kAuto ? "auto"
+                                              : info.param == Sm100Launch::k1Sm ? "sm100_1sm_128x256x64"
+                                                                               : "sm100_2sm_256x256x64_c2x1");
+                         });
+#endif
 
 }  // namespace

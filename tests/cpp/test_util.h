@@ -19,6 +19,16 @@ inline bool hopper_available() {
   return major == 9;
 }
 
+// A Blackwell B200 / GB200 (compute capability 10.0, the one sm_100a loads on) as device 0.
+inline bool blackwell_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 10 && minor == 0;
+}
+
 inline uint16_t to_bf16(float f) {  // round to nearest even
   uint32_t u;
   std::memcpy(&u, &f, 4);

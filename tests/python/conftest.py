@@ -40,6 +40,25 @@ def _hopper_reason():
 
 HOPPER_SKIP_REASON = _hopper_reason()
 requires_hopper = pytest.mark.skipif(HOPPER_SKIP_REASON is not None, reason=HOPPER_SKIP_REASON or "")
+
+
+def _blackwell_reason():
+    """A B200 / GB200 (compute capability 10.0: the one sm_100a loads on) and a build holding
+    sm_100a kernels (SONICMOE_CUDA_ARCHS="90a;100a"); only grouped_gemm (NK) runs there so far."""
+    if not sonicmoe.extension_available():
+        return "sonicmoe._C is not built (python setup.py build_ext --inplace)"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (none here)"
+    if torch.cuda.get_device_capability() != (10, 0):
+        return f"needs a Blackwell sm_100 GPU, found sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
+    if 100 not in sonicmoe.kernel_archs():
+        return f"this build holds no sm_100a kernels (kernel_archs {sonicmoe.kernel_archs()}): rebuild with " \
+               'SONICMOE_CUDA_ARCHS="90a;100a"'
+    return None
+
+
+BLACKWELL_SKIP_REASON = _blackwell_reason()
+requires_blackwell = pytest.mark.skipif(BLACKWELL_SKIP_REASON is not None, reason=BLACKWELL_SKIP_REASON or "")
 requires_extension = pytest.mark.skipif(
     not sonicmoe.extension_available(),
     reason="sonicmoe._C is not built (python setup.py build_ext --inplace)",

@@ -138,3 +138,10 @@ def test_grouped_gemm_kn_addend_fake_shape_without_a_gpu():
         out = torch.ops.sonicmoe.grouped_gemm_kn(a, b, offs, False, 0, torch.empty(1000),
                                                  torch.empty(8, 1536, dtype=torch.bfloat16))
     assert out.shape == (1000, 1536) and out.dtype == torch.bfloat16
+
+
+def test_kernel_archs_name_the_build():
+    # 90: sm_90a kernels, 100: sm_100a (grouped_gemm NK only); what SONICMOE_CUDA_ARCHS built.
+    archs = sonicmoe.kernel_archs()
+    assert archs and set(archs) <= {90, 100} and list(archs) == sorted(set(archs))
+    assert archs == tuple(torch.ops.sonicmoe.kernel_archs())

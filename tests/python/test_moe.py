@@ -203,17 +203,35 @@ def test_the_top_k_kernels_rules():
 
 
 def test_a_gpu_other_than_hopper_is_refused_before_any_launch(monkeypatch):
-    # The kernels are sm_90a only: an A100 (sm_80) or a Blackwell (sm_100) is refused by name, and
-    # a Hopper passes (stand-in capabilities: this machine may have no GPU).
-    capability = {0: (8, 0), 1: (10, 0), 2: (9, 0)}
+    # The layer's ops are sm_90a only: an A100 (sm_80), a B200 (sm_100, where only grouped_gemm has
+    # kernels), a B300 (sm_103) or an RTX 50 (sm_120) is refused by name, and a Hopper passes
+    # (stand-in capabilities: this machine may have no GPU).
+    capability = {0: (8, 0), 1: (10, 0), 2: (9, 0), 3: (10, 3), 4: (12, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
     monkeypatch.setattr(sonicmoe.functional, "_devices_checked", set())
-    for index, sm in ((0, "sm_80"), (1, "sm_100")):
+    why = {0: "this build has sm_90a kernels only",
+           1: "on Blackwell (sm_100: B200, GB200) only torch.ops.sonicmoe.grouped_gemm has kernels yet",
+           3: "sm_103 is not sm_100 either: sm_100a kernels load on compute capability 10.0 only",
+           4: "this build has sm_90a kernels only"}
+    for index, reason in why.items():
+        sm = "sm_" + "".join(map(str, capability[index]))
         with pytest.raises(ValueError, match=re.escape(f"x.device = cuda:{index} ({sm}) breaks the rule: must "
-                                                       "be a Hopper GPU (sm_90: H100, H200)")):
+                                                       "be a Hopper GPU (sm_90: H100, H200); " + reason)):
             sonicmoe.functional._check_kernel_device(torch.device("cuda", index))
     sonicmoe.functional._check_kernel_device(torch.device("cuda", 2))
     assert sonicmoe.functional._devices_checked == {2}
+
+
+def test_a_blackwell_gpu_is_refused_at_the_layers_entry(monkeypatch):
+    # moe, moe_routed and the token-rounding layer decide by _kernel_path before routing or any op
+    # runs: on a (stand-in) B200 it refuses first. x stands in for a CUDA tensor (none here);
+    # nothing past the device check may touch it.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (10, 0))
+    monkeypatch.setattr(sonicmoe.functional, "_devices_checked", set())
+    monkeypatch.setattr(sonicmoe.functional, "extension_available", lambda: True)
+    x = types.SimpleNamespace(device=torch.device("cuda", 0))
+    with pytest.raises(ValueError, match=re.escape("x.device = cuda:0 (sm_100) breaks the rule: must be a Hopper GPU")):
+        sonicmoe.functional._kernel_path(x, None, None)
 
 
 # ------------------------------------------------------------------ GPU

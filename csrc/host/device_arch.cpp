@@ -1,0 +1,85 @@
+// Per-device dispatch: which kernel family (sm90, sm100) an op runs on a GPU, and the error
+// where this build holds none for it.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "sonicmoe.h"
+
+// CMakeLists.txt sets both from SONICMOE_CUDA_ARCHS.
+#if !defined(SONICMOE_HAS_SM90) || !defined(SONICMOE_HAS_SM100)
+#error "SONICMOE_HAS_SM90 and SONICMOE_HAS_SM100 must be defined (CMakeLists.txt)"
+#endif
+
+namespace sonicmoe {
+namespace {
+
+std::string sm_name(int major, int minor) { return "sm_" + std::to_string(major) + std::to_string(minor); }
+
+std::string gpu_text(int major, int minor) {
+  return "the GPU is " + sm_name(major, minor) + " (compute capability " + std::to_string(major) + "." +
+         std::to_string(minor) + ")";
+}
+
+std::string built_text(BuiltArchs built) {
+  if (built.sm90 && built.sm100) return "sm_90a and sm_100a kernels";
+  if (built.sm100) return "sm_100a kernels only";
+  if (built.sm90) return "sm_90a kernels only";
+  return "no GPU kernels";
+}
+
+}  // namespace
+
+BuiltArchs built_archs() { return {SONICMOE_HAS_SM90 != 0, SONICMOE_HAS_SM100 != 0}; }
+
+int device_arch(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // the failed query must not surface at the next launch
+    return 0;
+  }
+  return arch_family(major, minor);
+}
+
+KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltArchs built, bool op_has_sm100) {
+  const std::string prefix = std::string(op) + ": ";
+  switch (arch_family(major, minor)) {
+    case 90:
+      if (built.sm90) return {KernelArch::kSm90, {}};
+      return {KernelArch::kNone, prefix + gpu_text(major, minor) + " but this build holds " + built_text(built) +
+                                     ": rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\""};
+    case 100:
+      // An op without sm100 kernels is refused whatever was built: rebuilding would not help.
+      if (!op_has_sm100)
+        return {KernelArch::kNone, prefix + "no sm_100a kernel yet (Blackwell runs grouped_gemm with b_layout NK "
+                                            "only in this build); on sm_90 GPUs (H100, H200) every op runs"};
+      if (built.sm100) return {KernelArch::kSm100, {}};
+      return {KernelArch::kNone, prefix + gpu_text(major, minor) + " but this build holds " + built_text(built) +
+                                     ": rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\""};
+    default: break;
+  }
+  if (major == 10) {  // 10.3 (B300, GB300) and any other 10.x: not binary-compatible with sm_100a
+    return {KernelArch::kNone,
+            prefix + gpu_text(major, minor) + ": the Blackwell kernels are sm_100a, which load on compute capability "
+                     "10.0 only (B200, GB200); an arch-specific 'a' target runs on no other GPU, and no " +
+                sm_name(major, minor) + "a kernels are built"};
+  }
+  return {KernelArch::kNone, prefix + gpu_text(major, minor) +
+                                 ": the kernels run on Hopper sm_90 (H100, H200) and, for grouped_gemm only, "
+                                 "Blackwell sm_100 (B200, GB200); this build holds " + built_text(built)};
+}
+
+KernelArchChoice device_kernel_arch(const char* op, int device, bool op_has_sm100) {
+  int major = 0, minor = 0;
+  const cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  const cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e1 != cudaSuccess || e2 != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {KernelArch::kNone, std::string(op) + ": cannot read the compute capability of CUDA device " +
+                                   std::to_string(device) + ": " + cudaGetErrorString(e1 != cudaSuccess ? e1 : e2)};
+  }
+  return choose_kernel_arch(op, major, minor, built_archs(), op_has_sm100);
+}
+
+}  // namespace sonicmoe

@@ -1,0 +1,172 @@
+// sm100 (Blackwell, sm_100a) varlen-M grouped GEMM (K2, b_layout NK): CUTLASS 4.2's ptr-array
+// grouped GEMM, composed and launched the way sm90/grouped_gemm_launch_sm90.cuh does it.
+//
+// Mainloop: TMA loads of A (one expert's rows) and B (its weight) into smem, tcgen05 MMA with the
+// fp32 accumulators in tensor memory, 1-SM or 2-SM (a CTA pair of a 2 x 1 cluster on one MMA).
+// Epilogue: TMEM -> registers -> smem -> TMA store of bf16 D, no C operand. Scheduler: CUTLASS's
+// persistent group scheduler over the per-expert shapes in device memory, which the shared
+// argument kernel (common/grouped_gemm_args.cuh) builds from expert_offsets: no host sync.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+#include "common/cuda_check.h"
+#include "common/grouped_gemm_args.cuh"
+#include "common/grouped_gemm_workspace.h"
+#include "sm100/grouped_gemm_sm100.h"
+
+// tcgen05 needs CUDA 12.8+, and this file's kernels run only where they were compiled for the
+// exact arch: CUTLASS's sm100 kernel has no arch guard of its own, so a device pass for any other
+// arch (sm_90a, a family target) would compile tcgen05 code that cannot run, or fail deep in CuTe.
+#if !defined(CUTLASS_ARCH_MMA_SM100_SUPPORTED)
+#error "the sm100 kernels need CUDA 12.8 or later (tcgen05)"
+#endif
+#if defined(__CUDA_ARCH__) && !defined(CUTLASS_ARCH_MMA_SM100A_ENABLED)
+#error "*_sm100.cu units compile for -gencode=arch=compute_100a,code=sm_100a only (CMakeLists.txt)"
+#endif
+
+namespace sonicmoe::sm100 {
+
+template <GemmConfig Config>
+struct GroupedGemmKernel {
+  static constexpr GemmShapeSm100 kShape = gemm_shape(Config);
+
+  using Element = cutlass::bfloat16_t;
+  using ElementAccumulator = float;
+  using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // B^T of the (N, K) weight: K contiguous
+  using LayoutOut = cutlass::layout::RowMajor;   // (M, N), N contiguous
+  static constexpr int kAlignment = 16 / sizeof(Element);  // TMA needs 16-byte rows
+
+  // The MMA tile (over the CTA pair for 2-SM) and a static cluster: the shapes are fixed per
+  // configuration, so no runtime cluster shape (hw_info.cluster_shape) is needed.
+  using MmaTileShape = cute::Shape<cute::Int<kShape.m>, cute::Int<kShape.n>, cute::Int<kShape.k>>;
+  using ClusterShape = cute::Shape<cute::Int<kShape.cluster_m>, cute::Int<kShape.cluster_n>, cute::_1>;
+  using KernelSchedule =
+      cute::conditional_t<kShape.two_sm, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100,
+                          cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmSm100>;
+  using EpilogueSchedule = cute::conditional_t<kShape.two_sm, cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm,
+                                               cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, MmaTileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator,
+      void, LayoutOut*, kAlignment,  // no C operand: D = A @ B
+      Element, LayoutOut*, kAlignment, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<Element, ElementAccumulator, void>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment, Element,
+      LayoutB*, kAlignment, ElementAccumulator, MmaTileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideOut = typename Kernel::InternalStrideD;
+  using DeviceArgs = GroupedGemmDeviceArgs<typename ProblemShape::UnderlyingProblemShape, Element,
+                                           Element, Element, StrideA, StrideB, StrideOut>;
+
+  // The workspace slots (common/grouped_gemm_workspace.h) are shared with sm90.
+  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) <= kProblemShapeSlotBytes,
+                "problem shape does not fit its workspace slot");
+  static_assert(sizeof(StrideA) <= kStrideSlotBytes && sizeof(StrideB) <= kStrideSlotBytes &&
+                    sizeof(StrideOut) <= kStrideSlotBytes,
+                "a stride type does not fit its workspace slot");
+
+  static typename Gemm::Arguments make_arguments(const DeviceArgs& dev, int num_experts,
+                                                 int sm_count) {
+    cutlass::KernelHardwareInfo hw_info;
+    hw_info.sm_count = sm_count;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        // Host problem shapes stay null: the scheduler reads the device ones.
+        {num_experts, dev.problem_shapes, nullptr},
+        {dev.ptr_a, dev.stride_a, dev.ptr_b, dev.stride_b},
+        {{}, nullptr, nullptr, dev.ptr_out, dev.stride_out},
+        hw_info};
+    // One alpha and beta for every group (no per-group pointer arrays).
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    return args;
+  }
+};
+
+template <GemmConfig Config>
+size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count) {
+  using K = GroupedGemmKernel<Config>;
+  typename K::DeviceArgs dev{};
+  return K::Gemm::get_workspace_size(K::make_arguments(dev, num_experts, sm_count));
+}
+
+template <GemmConfig Config>
+Status run_grouped_gemm(const GroupedGemmParams& p) {
+  using K = GroupedGemmKernel<Config>;
+  using Element = typename K::Element;
+
+  const size_t cutlass_bytes = grouped_gemm_cutlass_workspace_size<Config>(p.num_experts, p.sm_count);
+  const GroupedGemmWorkspaceLayout layout = grouped_gemm_workspace_layout(p.num_experts, cutlass_bytes);
+  if (p.workspace_bytes < layout.total) {
+    return Status::error("grouped_gemm: workspace of " + std::to_string(p.workspace_bytes) +
+                         " bytes is smaller than the " + std::to_string(layout.total) + " needed");
+  }
+  auto* base = static_cast<uint8_t*>(p.workspace);
+  typename K::DeviceArgs dev{
+      reinterpret_cast<typename K::ProblemShape::UnderlyingProblemShape*>(base + layout.problem_shapes),
+      reinterpret_cast<const Element**>(base + layout.ptr_a),
+      reinterpret_cast<const Element**>(base + layout.ptr_b),
+      reinterpret_cast<Element**>(base + layout.ptr_out),
+      reinterpret_cast<typename K::StrideA*>(base + layout.stride_a),
+      reinterpret_cast<typename K::StrideB*>(base + layout.stride_b),
+      reinterpret_cast<typename K::StrideOut*>(base + layout.stride_out)};
+
+  constexpr int kThreads = 128;
+  build_grouped_gemm_args_kernel<<<(p.num_experts + kThreads - 1) / kThreads, kThreads, 0, p.stream>>>(
+      dev, p.expert_offsets, p.num_experts, static_cast<int>(p.m_total), static_cast<int>(p.n_out),
+      static_cast<int>(p.k), static_cast<const Element*>(p.a), static_cast<const Element*>(p.b),
+      static_cast<Element*>(p.out));
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+
+  typename K::Gemm gemm;
+  auto args = K::make_arguments(dev, p.num_experts, p.sm_count);
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) {
+    return Status::error(std::string("grouped_gemm (sm100): CUTLASS cannot implement the problem: ") +
+                         cutlassGetStatusString(st));
+  }
+  st = gemm.initialize(args, base + layout.cutlass, p.stream);
+  if (st != cutlass::Status::kSuccess) {
+    return Status::error(std::string("grouped_gemm (sm100): CUTLASS initialize failed: ") +
+                         cutlassGetStatusString(st));
+  }
+  st = gemm.run(p.stream);
+  if (st != cutlass::Status::kSuccess) {
+    return Status::error(std::string("grouped_gemm (sm100): CUTLASS launch failed: ") +
+                         cutlassGetStatusString(st));
+  }
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace sonicmoe::sm100
+
+// Explicit instantiation of one configuration; used once per csrc/instantiations/*_sm100.cu.
+#define SONICMOE_INSTANTIATE_GROUPED_GEMM_SM100(CONFIG)                                       \
+  template size_t sonicmoe::sm100::grouped_gemm_cutlass_workspace_size<CONFIG>(int, int);     \
+  template sonicmoe::Status sonicmoe::sm100::run_grouped_gemm<CONFIG>(                         \
+      const sonicmoe::GroupedGemmParams&)

@@ -1,0 +1,51 @@
+// Declarations of the sm100 (Blackwell, sm_100a) grouped GEMM instantiations, one per
+// csrc/instantiations/*_sm100.cu. Light header: no CUTLASS, so the host dispatcher compiles with
+// the host compiler.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "sonicmoe.h"
+
+namespace sonicmoe::sm100 {
+
+// The sm100 K2 configurations. They are not GemmTileConfigs: that enum numbers the sm90 kernels
+// (the varlen ones last, host_rules.h) and its values are the torch API's tile_config; on sm100
+// the host picks one of these by rule (sm100/heuristics.h), and tile_config must be auto.
+enum class GemmConfig : int {
+  // One SM per MMA: 128 x 256 tile, no cluster.
+  k1Sm128x256x64 = 0,
+  // tcgen05's pair MMA: the 2 CTAs of a 2 x 1 cluster compute one 256 x 256 tile (128 rows
+  // each), each loading half of B, so B's smem traffic per output is halved.
+  k2Sm256x256x64C2x1 = 1,
+};
+
+struct GemmShapeSm100 {
+  int m, n, k;              // MMA tile (over the pair for 2-SM)
+  int cluster_m, cluster_n;
+  bool two_sm;
+};
+
+constexpr GemmShapeSm100 gemm_shape(GemmConfig config) {
+  return config == GemmConfig::k2Sm256x256x64C2x1 ? GemmShapeSm100{256, 256, 64, 2, 1, true}
+                                                  : GemmShapeSm100{128, 256, 64, 1, 1, false};
+}
+
+constexpr const char* gemm_config_name(GemmConfig config) {
+  return config == GemmConfig::k2Sm256x256x64C2x1 ? "sm100_2sm_256x256x64_c2x1" : "sm100_1sm_128x256x64";
+}
+
+// The rules sm100 adds to sonicmoe::check_grouped_gemm's, for b_layout NK on an sm_100 GPU
+// (config auto only, no partial_rows); "" when they hold. Defined in host/grouped_gemm.cpp.
+std::string check_grouped_gemm(const GroupedGemmParams& params);
+
+// CUTLASS's workspace for one configuration (host arithmetic, no device access).
+template <GemmConfig Config>
+size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count);
+
+// Builds the per-expert arguments on the device and launches the persistent kernel.
+template <GemmConfig Config>
+Status run_grouped_gemm(const GroupedGemmParams& params);
+
+}  // namespace sonicmoe::sm100

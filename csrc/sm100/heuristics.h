@@ -1,0 +1,23 @@
+// kAuto's choice of the sm100 grouped GEMM configuration (K2, b_layout NK). Host-only, no
+// CUTLASS: the dispatcher and the CPU tests read it.
+#pragma once
+
+#include <cstdint>
+
+#include "sm100/grouped_gemm_sm100.h"
+
+namespace sonicmoe::sm100 {
+
+// The rule in words, for the error that refuses an explicit tile_config on sm100.
+constexpr const char* kGroupedGemmRule =
+    "auto picks 2-SM 256x256x64 (2x1 cluster) where experts average >= 256 rows, else 1-SM 128x256x64";
+
+// The pair tile covers 256 rows of one expert: with fewer rows per expert on average, most pair
+// tiles are half empty (an expert's last tile is partial) and the 1-SM 128-row tile wastes less.
+constexpr GemmConfig choose_grouped_gemm_config(int64_t m_total, int64_t /*n_out*/, int64_t /*k*/,
+                                                int num_experts) {
+  return num_experts > 0 && m_total >= int64_t{256} * num_experts ? GemmConfig::k2Sm256x256x64C2x1
+                                                                  : GemmConfig::k1Sm128x256x64;
+}
+
+}  // namespace sonicmoe::sm100

@@ -1,0 +1,159 @@
+// GoogleTest: per-device dispatch (which kernel family an op runs on a GPU, and the errors where
+// this build holds none) and the sm100 grouped GEMM's host rules. Pure host logic: runs anywhere.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/grouped_gemm_workspace.h"
+#include "sm100/grouped_gemm_sm100.h"
+#include "sm100/heuristics.h"
+#include "sonicmoe.h"
+
+namespace {
+
+using sonicmoe::BuiltArchs;
+using sonicmoe::KernelArch;
+using sonicmoe::choose_kernel_arch;
+
+constexpr BuiltArchs kSm90Only{true, false};
+constexpr BuiltArchs kSm100Only{false, true};
+constexpr BuiltArchs kBoth{true, true};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(DeviceArch, families_are_exact_compute_capabilities) {
+  EXPECT_EQ(sonicmoe::arch_family(9, 0), 90);
+  EXPECT_EQ(sonicmoe::arch_family(10, 0), 100);
+  EXPECT_EQ(sonicmoe::arch_family(10, 3), 0);  // B300: sm_103, sm_100a cubins do not load
+  EXPECT_EQ(sonicmoe::arch_family(8, 0), 0);
+  EXPECT_EQ(sonicmoe::arch_family(8, 9), 0);
+  EXPECT_EQ(sonicmoe::arch_family(12, 0), 0);
+}
+
+TEST(DeviceArch, built_archs_are_the_cmake_list) {
+  const BuiltArchs built = sonicmoe::built_archs();
+  EXPECT_EQ(built.sm90, SONICMOE_HAS_SM90 != 0);
+  EXPECT_EQ(built.sm100, SONICMOE_HAS_SM100 != 0);
+}
+
+TEST(DeviceArch, hopper_runs_sm90_where_built) {
+  for (bool has_sm100 : {false, true}) {
+    const auto c = choose_kernel_arch("grouped_gemm", 9, 0, kSm90Only, has_sm100);
+    EXPECT_EQ(c.arch, KernelArch::kSm90);
+    EXPECT_TRUE(c.error.empty());
+    EXPECT_EQ(choose_kernel_arch("up_proj", 9, 0, kBoth, has_sm100).arch, KernelArch::kSm90);
+  }
+  const auto c = choose_kernel_arch("up_proj", 9, 0, kSm100Only, false);
+  EXPECT_EQ(c.arch, KernelArch::kNone);
+  EXPECT_EQ(c.error, "up_proj: the GPU is sm_90 (compute capability 9.0) but this build holds sm_100a kernels "
+                     "only: rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"");
+}
+
+TEST(DeviceArch, blackwell_runs_grouped_gemm_on_sm100_where_built) {
+  EXPECT_EQ(choose_kernel_arch("grouped_gemm", 10, 0, kBoth, true).arch, KernelArch::kSm100);
+  EXPECT_EQ(choose_kernel_arch("grouped_gemm", 10, 0, kSm100Only, true).arch, KernelArch::kSm100);
+  const auto c = choose_kernel_arch("grouped_gemm", 10, 0, kSm90Only, true);
+  EXPECT_EQ(c.arch, KernelArch::kNone);
+  EXPECT_EQ(c.error, "grouped_gemm: the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
+                     "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
+}
+
+TEST(DeviceArch, blackwell_refuses_ops_without_sm100_kernels_whatever_was_built) {
+  for (const BuiltArchs built : {kSm90Only, kBoth}) {
+    const auto c = choose_kernel_arch("weight_grad", 10, 0, built, false);
+    EXPECT_EQ(c.arch, KernelArch::kNone);
+    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm with b_layout NK only in "
+                       "this build); on sm_90 GPUs (H100, H200) every op runs");
+  }
+}
+
+TEST(DeviceArch, b300_is_not_sm100a) {
+  // Arch-specific ('a') cubins load on their exact compute capability only: sm_100a not on 10.3.
+  const auto c = choose_kernel_arch("grouped_gemm", 10, 3, kBoth, true);
+  EXPECT_EQ(c.arch, KernelArch::kNone);
+  EXPECT_TRUE(contains(c.error, "grouped_gemm: the GPU is sm_103 (compute capability 10.3)")) << c.error;
+  EXPECT_TRUE(contains(c.error, "load on compute capability 10.0 only (B200, GB200)")) << c.error;
+  EXPECT_TRUE(contains(c.error, "no sm_103a kernels are built")) << c.error;
+}
+
+TEST(DeviceArch, other_gpus_are_refused_by_name) {
+  for (auto [major, minor] : {std::pair{8, 0}, std::pair{12, 0}, std::pair{8, 9}}) {
+    const auto c = choose_kernel_arch("combine", major, minor, kBoth, false);
+    EXPECT_EQ(c.arch, KernelArch::kNone);
+    const std::string gpu = "combine: the GPU is sm_" + std::to_string(major) + std::to_string(minor) +
+                            " (compute capability " + std::to_string(major) + "." + std::to_string(minor) + ")";
+    EXPECT_TRUE(contains(c.error, gpu)) << c.error;
+    EXPECT_TRUE(contains(c.error, "this build holds sm_90a and sm_100a kernels")) << c.error;
+  }
+  EXPECT_TRUE(contains(choose_kernel_arch("combine", 8, 0, kSm90Only, false).error,
+                       "this build holds sm_90a kernels only"));
+}
+
+// ---------------------------------------------------------------- sm100 grouped GEMM host rules
+
+TEST(GroupedGemmSm100Host, auto_takes_the_pair_tile_where_experts_average_256_rows) {
+  using sonicmoe::sm100::GemmConfig;
+  using sonicmoe::sm100::choose_grouped_gemm_config;
+  EXPECT_EQ(choose_grouped_gemm_config(256 * 128, 4096, 1024, 128), GemmConfig::k2Sm256x256x64C2x1);
+  EXPECT_EQ(choose_grouped_gemm_config(256 * 128 - 1, 4096, 1024, 128), GemmConfig::k1Sm128x256x64);
+  EXPECT_EQ(choose_grouped_gemm_config(262144, 7168, 2048, 256), GemmConfig::k2Sm256x256x64C2x1);  // 1024 rows
+  EXPECT_EQ(choose_grouped_gemm_config(32768, 7168, 2048, 256), GemmConfig::k1Sm128x256x64);      // 128 rows
+  EXPECT_EQ(choose_grouped_gemm_config(0, 4096, 1024, 8), GemmConfig::k1Sm128x256x64);
+  EXPECT_EQ(choose_grouped_gemm_config(1000, 4096, 1024, 0), GemmConfig::k1Sm128x256x64);
+}
+
+TEST(GroupedGemmSm100Host, shapes_are_the_instantiated_ones) {
+  using sonicmoe::sm100::GemmConfig;
+  constexpr auto one = sonicmoe::sm100::gemm_shape(GemmConfig::k1Sm128x256x64);
+  constexpr auto pair = sonicmoe::sm100::gemm_shape(GemmConfig::k2Sm256x256x64C2x1);
+  EXPECT_EQ(one.m * 1000 + one.n, 128256);
+  EXPECT_FALSE(one.two_sm);
+  EXPECT_EQ(one.cluster_m * one.cluster_n, 1);
+  EXPECT_EQ(pair.m * 1000 + pair.n, 256256);
+  EXPECT_TRUE(pair.two_sm);
+  EXPECT_EQ(pair.cluster_m, 2);  // the 2-SM MMA spans the CTA pair of a 2 x 1 cluster
+}
+
+sonicmoe::GroupedGemmParams sm100_shape() {
+  sonicmoe::GroupedGemmParams p;
+  p.m_total = 4096;
+  p.k = 1024;
+  p.n_out = 4096;
+  p.num_experts = 8;
+  p.sm_count = 148;
+  return p;
+}
+
+TEST(GroupedGemmSm100Host, takes_auto_only_and_names_the_rule) {
+  sonicmoe::GroupedGemmParams p = sm100_shape();
+  EXPECT_EQ(sonicmoe::sm100::check_grouped_gemm(p), "");
+  p.config = sonicmoe::GemmTileConfig::kCooperative128x256x64;
+  EXPECT_EQ(sonicmoe::sm100::check_grouped_gemm(p),
+            "grouped_gemm: config = 3 breaks the rule: must be 0 (auto) on an sm_100 GPU in this build (the other "
+            "GemmTileConfigs are sm90 kernels); auto picks 2-SM 256x256x64 (2x1 cluster) where experts average "
+            ">= 256 rows, else 1-SM 128x256x64");
+  p.config = sonicmoe::GemmTileConfig::kAuto;
+  p.partial_rows = true;
+  EXPECT_TRUE(contains(sonicmoe::sm100::check_grouped_gemm(p), "grouped_gemm: partial_rows = 1 breaks the rule"));
+}
+
+#if SONICMOE_HAS_SM100
+// The workspace the torch layer allocates (grouped_gemm_workspace_size, the device not known)
+// covers either sm100 kernel: CUTLASS's part is host arithmetic, no GPU needed.
+TEST(GroupedGemmSm100Host, workspace_covers_both_sm100_kernels) {
+  using sonicmoe::sm100::GemmConfig;
+  for (int experts : {1, 8, 128, 256}) {
+    for (int sms : {1, 148}) {
+      const size_t total = sonicmoe::grouped_gemm_workspace_size(experts, sms);
+      for (size_t cutlass_bytes :
+           {sonicmoe::sm100::grouped_gemm_cutlass_workspace_size<GemmConfig::k1Sm128x256x64>(experts, sms),
+            sonicmoe::sm100::grouped_gemm_cutlass_workspace_size<GemmConfig::k2Sm256x256x64C2x1>(experts, sms)}) {
+        EXPECT_GE(total, sonicmoe::grouped_gemm_workspace_layout(experts, cutlass_bytes).total)
+            << experts << " experts, " << sms << " SMs";
+      }
+    }
+  }
+}
+#endif
+
+}  // namespace
