@@ -2,6 +2,7 @@
 // where this build holds none for it.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <string>
 
 #include "sonicmoe.h"
@@ -28,17 +29,37 @@ std::string built_text(BuiltArchs built) {
   return "no GPU kernels";
 }
 
+// A device's compute capability, read once and cached: every op asks before its launch (a device's
+// capability never changes in a process). "" or the query's error.
+std::string compute_capability(int device, int* major, int* minor) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 10 * major + minor + 1; 0: not yet
+  if (device >= 0 && device < kMaxDevices) {
+    const int v = cached[device].load(std::memory_order_acquire);
+    if (v > 0) {
+      *major = (v - 1) / 10;
+      *minor = (v - 1) % 10;
+      return {};
+    }
+  }
+  const cudaError_t e1 = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
+  const cudaError_t e2 = cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e1 != cudaSuccess || e2 != cudaSuccess) {
+    (void)cudaGetLastError();  // the failed query must not surface at the next launch
+    return cudaGetErrorString(e1 != cudaSuccess ? e1 : e2);
+  }
+  if (device >= 0 && device < kMaxDevices && *minor < 10)
+    cached[device].store(10 * *major + *minor + 1, std::memory_order_release);
+  return {};
+}
+
 }  // namespace
 
 BuiltArchs built_archs() { return {SONICMOE_HAS_SM90 != 0, SONICMOE_HAS_SM100 != 0}; }
 
 int device_arch(int device) {
   int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    (void)cudaGetLastError();  // the failed query must not surface at the next launch
-    return 0;
-  }
+  if (!compute_capability(device, &major, &minor).empty()) return 0;
   return arch_family(major, minor);
 }
 
@@ -72,13 +93,10 @@ KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltA
 
 KernelArchChoice device_kernel_arch(const char* op, int device, bool op_has_sm100) {
   int major = 0, minor = 0;
-  const cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  const cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (e1 != cudaSuccess || e2 != cudaSuccess) {
-    (void)cudaGetLastError();
+  const std::string error = compute_capability(device, &major, &minor);
+  if (!error.empty())
     return {KernelArch::kNone, std::string(op) + ": cannot read the compute capability of CUDA device " +
-                                   std::to_string(device) + ": " + cudaGetErrorString(e1 != cudaSuccess ? e1 : e2)};
-  }
+                                   std::to_string(device) + ": " + error};
   return choose_kernel_arch(op, major, minor, built_archs(), op_has_sm100);
 }
 
