@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, against the installed wheel: sets up the virtual environment
 # (scripts/setup.sh --deps-only), builds the wheel (the kernel library, the extension), installs it
-# there, builds and runs the GoogleTest suite (ctest), then pytest on the installed package. GPU
-# tests skip with a reason where there is no Hopper GPU.
+# there, checks every kernel unit's SASS (scripts/check_sass.sh), builds and runs the GoogleTest
+# suite (ctest), then pytest on the installed package. GPU tests skip with a reason where there is
+# no Hopper GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --deps-only
@@ -16,6 +17,9 @@ rm -rf dist
 wheel=$(ls dist/sonicmoe-*.whl)
 echo "   built $wheel"
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
+
+echo "== SASS check of the kernel units (scripts/check_sass.sh)"
+PYTHON="$PY" bash scripts/check_sass.sh build/cmake
 
 if grep -q "sonicmoe_gtest" build/cmake/build.ninja 2>/dev/null; then
   echo "== GoogleTest suite"
