@@ -22,6 +22,7 @@
 #include "common/cuda_check.h"
 #include "common/grouped_gemm_args.cuh"
 #include "common/grouped_gemm_workspace.h"
+#include "common/ptr_array_grouped_gemm_run.cuh"
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 
@@ -96,58 +97,12 @@ struct GroupedGemmKernel {
 
 template <GemmTileConfig Config>
 size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count) {
-  using K = GroupedGemmKernel<Config>;
-  typename K::DeviceArgs dev{};
-  return K::Gemm::get_workspace_size(K::make_arguments(dev, num_experts, sm_count));
+  return ptr_array_cutlass_workspace_size<GroupedGemmKernel<Config>>(num_experts, sm_count);
 }
 
 template <GemmTileConfig Config>
 Status run_grouped_gemm(const GroupedGemmParams& p) {
-  using K = GroupedGemmKernel<Config>;
-  using Element = typename K::Element;
-
-  const size_t cutlass_bytes = grouped_gemm_cutlass_workspace_size<Config>(p.num_experts, p.sm_count);
-  const GroupedGemmWorkspaceLayout layout = grouped_gemm_workspace_layout(p.num_experts, cutlass_bytes);
-  if (p.workspace_bytes < layout.total) {
-    return Status::error("grouped_gemm: workspace of " + std::to_string(p.workspace_bytes) +
-                         " bytes is smaller than the " + std::to_string(layout.total) + " needed");
-  }
-  auto* base = static_cast<uint8_t*>(p.workspace);
-  typename K::DeviceArgs dev{
-      reinterpret_cast<typename K::ProblemShape::UnderlyingProblemShape*>(base + layout.problem_shapes),
-      reinterpret_cast<const Element**>(base + layout.ptr_a),
-      reinterpret_cast<const Element**>(base + layout.ptr_b),
-      reinterpret_cast<Element**>(base + layout.ptr_out),
-      reinterpret_cast<typename K::StrideA*>(base + layout.stride_a),
-      reinterpret_cast<typename K::StrideB*>(base + layout.stride_b),
-      reinterpret_cast<typename K::StrideOut*>(base + layout.stride_out)};
-
-  constexpr int kThreads = 128;
-  build_grouped_gemm_args_kernel<<<(p.num_experts + kThreads - 1) / kThreads, kThreads, 0, p.stream>>>(
-      dev, p.expert_offsets, p.num_experts, static_cast<int>(p.m_total), static_cast<int>(p.n_out),
-      static_cast<int>(p.k), static_cast<const Element*>(p.a), static_cast<const Element*>(p.b),
-      static_cast<Element*>(p.out));
-  SONICMOE_CUDA_TRY(cudaGetLastError());
-
-  typename K::Gemm gemm;
-  auto args = K::make_arguments(dev, p.num_experts, p.sm_count);
-  cutlass::Status st = gemm.can_implement(args);
-  if (st != cutlass::Status::kSuccess) {
-    return Status::error(std::string("grouped_gemm: CUTLASS cannot implement the problem: ") +
-                         cutlassGetStatusString(st));
-  }
-  st = gemm.initialize(args, base + layout.cutlass, p.stream);
-  if (st != cutlass::Status::kSuccess) {
-    return Status::error(std::string("grouped_gemm: CUTLASS initialize failed: ") +
-                         cutlassGetStatusString(st));
-  }
-  st = gemm.run(p.stream);
-  if (st != cutlass::Status::kSuccess) {
-    return Status::error(std::string("grouped_gemm: CUTLASS launch failed: ") +
-                         cutlassGetStatusString(st));
-  }
-  SONICMOE_CUDA_TRY(cudaGetLastError());
-  return Status::success();
+  return run_ptr_array_grouped_gemm<GroupedGemmKernel<Config>>(p, "grouped_gemm");
 }
 
 }  // namespace sonicmoe::sm90

@@ -1,0 +1,70 @@
+// The host side every arch's CUTLASS ptr-array K2 shares: the workspace carved into the per-expert
+// argument arrays and CUTLASS's own part, the arguments built on the device from expert_offsets
+// (grouped_gemm_args.cuh: the host never reads routing data), then can_implement / initialize /
+// run. Kernel is an arch's GroupedGemmKernel: Element, ProblemShape, StrideA / StrideB /
+// StrideOut, DeviceArgs, Gemm and make_arguments(dev, num_experts, sm_count).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cutlass/cutlass.h"
+
+#include "common/cuda_check.h"
+#include "common/grouped_gemm_args.cuh"
+#include "common/grouped_gemm_workspace.h"
+#include "sonicmoe.h"
+
+namespace sonicmoe {
+
+template <class Kernel>
+size_t ptr_array_cutlass_workspace_size(int num_experts, int sm_count) {
+  typename Kernel::DeviceArgs dev{};
+  return Kernel::Gemm::get_workspace_size(Kernel::make_arguments(dev, num_experts, sm_count));
+}
+
+// op names the kernel family in the messages ("grouped_gemm", "grouped_gemm (sm100)").
+template <class Kernel>
+Status run_ptr_array_grouped_gemm(const GroupedGemmParams& p, const char* op) {
+  using Element = typename Kernel::Element;
+  const size_t cutlass_bytes = ptr_array_cutlass_workspace_size<Kernel>(p.num_experts, p.sm_count);
+  const GroupedGemmWorkspaceLayout layout = grouped_gemm_workspace_layout(p.num_experts, cutlass_bytes);
+  if (p.workspace_bytes < layout.total) {
+    return Status::error(std::string(op) + ": workspace of " + std::to_string(p.workspace_bytes) +
+                         " bytes is smaller than the " + std::to_string(layout.total) + " needed");
+  }
+  auto* base = static_cast<uint8_t*>(p.workspace);
+  typename Kernel::DeviceArgs dev{
+      reinterpret_cast<typename Kernel::ProblemShape::UnderlyingProblemShape*>(base + layout.problem_shapes),
+      reinterpret_cast<const Element**>(base + layout.ptr_a),
+      reinterpret_cast<const Element**>(base + layout.ptr_b),
+      reinterpret_cast<Element**>(base + layout.ptr_out),
+      reinterpret_cast<typename Kernel::StrideA*>(base + layout.stride_a),
+      reinterpret_cast<typename Kernel::StrideB*>(base + layout.stride_b),
+      reinterpret_cast<typename Kernel::StrideOut*>(base + layout.stride_out)};
+
+  constexpr int kThreads = 128;
+  build_grouped_gemm_args_kernel<<<(p.num_experts + kThreads - 1) / kThreads, kThreads, 0, p.stream>>>(
+      dev, p.expert_offsets, p.num_experts, static_cast<int>(p.m_total), static_cast<int>(p.n_out),
+      static_cast<int>(p.k), static_cast<const Element*>(p.a), static_cast<const Element*>(p.b),
+      static_cast<Element*>(p.out));
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+
+  typename Kernel::Gemm gemm;
+  auto args = Kernel::make_arguments(dev, p.num_experts, p.sm_count);
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess)
+    return Status::error(std::string(op) + ": CUTLASS cannot implement the problem: " + cutlassGetStatusString(st));
+  st = gemm.initialize(args, base + layout.cutlass, p.stream);
+  if (st != cutlass::Status::kSuccess)
+    return Status::error(std::string(op) + ": CUTLASS initialize failed: " + cutlassGetStatusString(st));
+  st = gemm.run(p.stream);
+  if (st != cutlass::Status::kSuccess)
+    return Status::error(std::string(op) + ": CUTLASS launch failed: " + cutlassGetStatusString(st));
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace sonicmoe
