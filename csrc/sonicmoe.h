@@ -81,6 +81,14 @@ constexpr bool is_varlen_config(GemmTileConfig c) {
          c == GemmTileConfig::kVarlenCooperative256x128x64;
 }
 
+// The gated activation of K1 / K4: A = act(gate) * up (common/glu_math.cuh).
+enum class GluActivation : int {
+  kSwiGLU = 0,  // silu (Llama, Mixtral, Qwen, DeepSeek, OLMoE)
+  kGeGLU = 1,   // GELU, tanh form (torch.nn.functional.gelu(approximate="tanh"))
+  kReGLU = 2,   // ReLU
+};
+constexpr int kNumGluActivations = 3;
+
 // How the grouped GEMM's per-expert matrix b[e] is stored.
 enum class WeightLayout : int {
   kNK = 0,  // b (num_experts, n_out, k), k contiguous: out = a @ b[e]^T (the w2 layout: K2)
@@ -154,9 +162,10 @@ GemmTileConfig choose_grouped_gemm_config(int64_t m_total, int64_t n_out, int64_
 // stop the kernel with a device-side trap rather than reading out of bounds.
 Status run_grouped_gemm(const GroupedGemmParams& params);
 
-// Up-projection with SwiGLU (K1 of docs/design.md §4), for rows r of the sorted layout in expert e:
+// Up-projection with a gated activation (K1 of docs/design.md §4), for rows r of the sorted
+// layout in expert e (act: params.activation, silu for SwiGLU):
 //   h[r, :] = w1[e] @ x[gather_idx[r], :]            (2n: gate then up, fp32 accumulate)
-//   a[r, :] = silu(h[r, :n]) * h[r, n:]              (computed from the fp32 h)
+//   a[r, :] = act(h[r, :n]) * h[r, n:]               (computed from the fp32 h)
 // x rows are gathered inside the GEMM's A load (no gathered copy of x), and w1 is read in its
 // public (E, 2n, d) layout. All tensors row-major, contiguous, bf16.
 // gather_idx gathers x. config: kAuto or a varlen configuration (is_varlen_config); kAuto:
@@ -169,6 +178,7 @@ struct UpProjParams : GatheredVarlenProblem {
   void* a = nullptr;                        // (m_total, n)
   int64_t d = 0;
   int64_t n = 0;
+  GluActivation activation = GluActivation::kSwiGLU;
 };
 
 // Shape rules of the up-projection (no pointers); "" when supported.
@@ -180,8 +190,8 @@ Status run_up_proj(const UpProjParams& params);
 
 // Backward through the down-projection and SwiGLU (K4 of docs/design.md §4), for rows r of expert e:
 //   dA'[r] = w2[e]^T @ d_out[gather_idx[r]]   (n, fp32; d_out rows gathered in the A load)
-//   A = silu(gate) * up from h[r], s = row_score[r], dA = s * dA'
-//   d_h[r] = [dA * up * silu'(gate), dA * silu(gate)],  a_scaled[r] = s * A  (bf16)
+//   A = act(gate) * up from h[r], s = row_score[r], dA = s * dA'   (act: params.activation)
+//   d_h[r] = [dA * up * act'(gate), dA * act(gate)],  a_scaled[r] = s * A  (bf16)
 //   d_score_partial[r, j] = sum of dA' * A over n columns [128 j, 128 j + 128)  (fp32)
 // gather_idx gathers d_out. config as in UpProjParams (kAuto: choose_down_proj_grad_config).
 // With partial_rows, d_h and a_scaled are also zeroed on their first kRowsZeroedPastEnd rows past
@@ -196,6 +206,7 @@ struct DownProjGradParams : GatheredVarlenProblem {
   float* d_score_partial = nullptr;         // (m_total, ceil(n / 128)) fp32
   int64_t d = 0;
   int64_t n = 0;
+  GluActivation activation = GluActivation::kSwiGLU;  // K1's, which made h
 };
 constexpr int kDownProjGradBlockCols = 128;  // n columns per d_score_partial slot
 std::string check_down_proj_grad(const DownProjGradParams& params);

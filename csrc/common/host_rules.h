@@ -34,7 +34,7 @@ inline std::string varlen_config_range() {
 }
 
 // The rules every expert-MLP kernel shares (K1, K4: params with num_experts, num_tokens,
-// m_total, d, n, sm_count, config: the varlen kernel's); "" when they hold. d and n are 16-byte rows: cp.async chunks,
+// m_total, d, n, sm_count, activation, config: the varlen kernel's); "" when they hold. d and n are 16-byte rows: cp.async chunks,
 // TMA boxes, vector stores.
 // (Comparisons in parentheses: g++ 12 reads `p.x < 0 || p.x > y` on a dependent p as a template
 // argument list and warns.)
@@ -50,6 +50,9 @@ std::string check_expert_mlp_dims(const char* op, const Params& p) {
   if ((p.n < 8) || (p.n % 8 != 0) || (2 * p.n > INT32_MAX))
     return rule_message(op, "n", p.n, "must be a positive multiple of 8 (16-byte rows)");
   if (p.sm_count < 1) return rule_message(op, "sm_count", p.sm_count, "must be >= 1");
+  const int activation = static_cast<int>(p.activation);
+  if ((activation < 0) || (activation >= kNumGluActivations))
+    return rule_message(op, "activation", activation, "must name a GluActivation (0 SwiGLU, 1 GeGLU, 2 ReGLU)");
   if (p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
     return rule_message(op, "config", static_cast<int>(p.config),
                         ("must be 0 (auto) or a varlen configuration (" + varlen_config_range() + ")").c_str());

@@ -62,7 +62,7 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
     status = launch_down_proj_grad(p, p.config);
   } else {
     const autotune::Key key{autotune::Op::kDownProjGrad, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
-                            p.sm_count, int(p.partial_rows)};
+                            p.sm_count, int(p.partial_rows) | int(p.activation) << 1};
     status = autotune::run(key, sm90::choose_down_proj_grad_config(p.n, p.d), autotune::varlen_candidates(),
                            p.stream, [&](GemmTileConfig config) { return launch_down_proj_grad(p, config); });
   }

@@ -57,7 +57,7 @@ Status run_up_proj(const UpProjParams& p) {
   if (!problem.empty()) return Status::error(problem);
   if (p.config != GemmTileConfig::kAuto) return launch_up_proj(p, p.config);
   const autotune::Key key{autotune::Op::kUpProj, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
-                          p.sm_count, int(p.partial_rows) | int(p.h != nullptr) << 1};
+                          p.sm_count, int(p.partial_rows) | int(p.h != nullptr) << 1 | int(p.activation) << 2};
   return autotune::run(key, sm90::choose_up_proj_config(p.n, p.d), autotune::varlen_candidates(), p.stream,
                        [&](GemmTileConfig config) { return launch_up_proj(p, config); });
 }

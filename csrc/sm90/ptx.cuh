@@ -88,14 +88,4 @@ __device__ __forceinline__ void fence_proxy_async_shared_cta() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// --- math ------------------------------------------------------------------------------------
-
-// tanh by one MUFU.TANH (max relative error ~2^-11, below the bf16 rounding of every result it
-// feeds). tanh saturates to +-1.
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 }  // namespace sonicmoe::sm90

@@ -16,9 +16,9 @@
 #include "sm90/collective/varlen_mainloop_sm90.cuh"
 #include "sm90/epilogue/store_epilogue_sm90.cuh"
 #include "sm90/epilogue/row_addend_store_epilogue_sm90.cuh"
-#include "sm90/epilogue/swiglu_epilogue_sm90.cuh"
-#include "sm90/epilogue/dswiglu_epilogue_sm90.cuh"
-#include "sm90/epilogue/dswiglu_smem_source_epilogue_sm90.cuh"
+#include "sm90/epilogue/glu_epilogue_sm90.cuh"
+#include "sm90/epilogue/dglu_epilogue_sm90.cuh"
+#include "sm90/epilogue/dglu_smem_source_epilogue_sm90.cuh"
 #include "sm90/varlen_gemm_kernel_sm90.cuh"
 #include "sm90/varlen_tile_scheduler.cuh"
 #include "sonicmoe.h"
@@ -227,15 +227,15 @@ void set_gathered_a(MainloopParams& m, const void* src, const int32_t* gather_id
   m.k = static_cast<int>(k);
 }
 
-// K1: the up-projection with the x gather and SwiGLU fused in (UpProjParams). Each K1 unit
-// instantiates it for one varlen configuration.
-template <GemmTileConfig kConfig>
-Status run_up_proj_varlen(const UpProjParams& p) {
+// K1: the up-projection with the x gather and the gated activation fused in (UpProjParams).
+// Each K1 unit instantiates it for one varlen configuration, every activation.
+template <GemmTileConfig kConfig, GluActivation kAct>
+Status run_up_proj_varlen_act(const UpProjParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/true>;
   // Quad-transposed stores: the cooperative K1 2-11% faster than staged; the ping-pong K1, whose
   // epilogue overlaps the other warpgroup's mainloop, up to 5% slower (H200).
   constexpr TileStore kStore = gemm_tile_shape(kConfig).pingpong ? TileStore::kStaged : TileStore::kQuadTranspose;
-  using Kernel = VarlenGemmKernel<Mainloop, SwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN, kStore>>;
+  using Kernel = VarlenGemmKernel<Mainloop, GluEpilogue<Mainloop::kTileM, Mainloop::kTileN, kStore, kAct>>;
   typename Kernel::Params params{};
   SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
   set_gathered_a(params.mainloop, p.x, p.gather_idx, p.num_tokens, p.d);
@@ -245,25 +245,38 @@ Status run_up_proj_varlen(const UpProjParams& p) {
   return launch_varlen_gemm<Kernel>(params, p);
 }
 
+// The activation is a template parameter (each its own kernel: no branch in the epilogue's
+// inner loop, SwiGLU's code as it was); p.activation picks one.
+template <GemmTileConfig kConfig>
+Status run_up_proj_varlen(const UpProjParams& p) {
+  switch (p.activation) {
+    case GluActivation::kSwiGLU: return run_up_proj_varlen_act<kConfig, GluActivation::kSwiGLU>(p);
+    case GluActivation::kGeGLU: return run_up_proj_varlen_act<kConfig, GluActivation::kGeGLU>(p);
+    case GluActivation::kReGLU: return run_up_proj_varlen_act<kConfig, GluActivation::kReGLU>(p);
+  }
+  return Status::error("up_proj: activation = " + std::to_string(static_cast<int>(p.activation)) +
+                       " breaks the rule: must name a GluActivation");
+}
+
 // K4: dA' = dO[gather] @ w2[e] with dO rows gathered by cp.async and w2 (E, d, n) read N-major
-// by TMA, the dSwiGLU / score-gradient epilogue reading H (DownProjGradParams). Each K4 unit
-// instantiates it for one varlen configuration.
-template <class Mainloop, bool kSmemSource>
+// by TMA, the gated activation's backward / score-gradient epilogue reading H (DownProjGradParams).
+// Each K4 unit instantiates it for one varlen configuration, every activation.
+template <class Mainloop, bool kSmemSource, GluActivation kAct>
 struct DownProjGradEpilogueFor {
-  using type = DSwiGLUEpilogue<Mainloop::kTileM, Mainloop::kTileN>;
+  using type = DGluEpilogue<Mainloop::kTileM, Mainloop::kTileN, kAct>;
 };
-template <class Mainloop>
-struct DownProjGradEpilogueFor<Mainloop, true> {
-  using type = DSwiGLUSmemSourceEpilogue<Mainloop::kTileM, Mainloop::kTileN>;
+template <class Mainloop, GluActivation kAct>
+struct DownProjGradEpilogueFor<Mainloop, true, kAct> {
+  using type = DGluSmemSourceEpilogue<Mainloop::kTileM, Mainloop::kTileN, kAct>;
 };
 
-template <GemmTileConfig kConfig>
-Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
+template <GemmTileConfig kConfig, GluActivation kAct>
+Status run_down_proj_grad_varlen_act(const DownProjGradParams& p) {
   using Mainloop = VarlenMainloopFor<kConfig, /*gather=*/true, /*k_major_b=*/false>;
-  // The cooperative 128 x 256 tiles read H through shared memory (DSwiGLUSmemSourceEpilogue).
+  // The cooperative 128 x 256 tiles read H through shared memory (DGluSmemSourceEpilogue).
   constexpr bool kSmemSource = !gemm_tile_shape(kConfig).pingpong && Mainloop::kTileM == 128 &&
                                Mainloop::kTileN == 256;
-  using Kernel = VarlenGemmKernel<Mainloop, typename DownProjGradEpilogueFor<Mainloop, kSmemSource>::type>;
+  using Kernel = VarlenGemmKernel<Mainloop, typename DownProjGradEpilogueFor<Mainloop, kSmemSource, kAct>::type>;
   static_assert(Kernel::Epilogue::kSlotCols == kDownProjGradBlockCols, "d_score_partial slots");
   using Element = cutlass::bfloat16_t;
   typename Kernel::Params params{};
@@ -281,6 +294,17 @@ Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
   params.epilogue.d_score_partial = p.d_score_partial;
   params.epilogue.n = static_cast<int>(p.n);
   return launch_varlen_gemm<Kernel>(params, p);
+}
+
+template <GemmTileConfig kConfig>
+Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
+  switch (p.activation) {
+    case GluActivation::kSwiGLU: return run_down_proj_grad_varlen_act<kConfig, GluActivation::kSwiGLU>(p);
+    case GluActivation::kGeGLU: return run_down_proj_grad_varlen_act<kConfig, GluActivation::kGeGLU>(p);
+    case GluActivation::kReGLU: return run_down_proj_grad_varlen_act<kConfig, GluActivation::kReGLU>(p);
+  }
+  return Status::error("down_proj_grad: activation = " + std::to_string(static_cast<int>(p.activation)) +
+                       " breaks the rule: must name a GluActivation");
 }
 
 }  // namespace sonicmoe::sm90

@@ -20,10 +20,11 @@ TORCH_LIBRARY(sonicmoe, m) {
   // partial_rows: expert_offsets[E] may stop short of m_total; rows past it are not written.
   m.def("grouped_gemm(Tensor a, Tensor b, Tensor expert_offsets, int tile_config=0, "
         "bool partial_rows=False) -> Tensor");
-  // K1: h[r] = w1[e] @ x[gather_idx[r]], a[r] = silu(h[r, :n]) * h[r, n:] (gather and SwiGLU
-  // fused into the GEMM); h has 0 rows when keep_h is false.
+  // K1: h[r] = w1[e] @ x[gather_idx[r]], a[r] = act(h[r, :n]) * h[r, n:] (gather and the gated
+  // activation fused into the GEMM; activation a GluActivation: 0 SwiGLU, 1 GeGLU, 2 ReGLU); h
+  // has 0 rows when keep_h is false.
   m.def("up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True, "
-        "bool partial_rows=False, int tile_config=0) -> (Tensor, Tensor)");
+        "bool partial_rows=False, int tile_config=0, int activation=0) -> (Tensor, Tensor)");
   // R: top-K scores (fp32) and expert ids (int32) from router logits; mode is a RouterMode.
   m.def("router_topk(Tensor logits, int top_k, int mode) -> (Tensor, Tensor)");
   // Token rounding's router: softmax over all E (fp32) and the top-K choice, expert-major
@@ -35,9 +36,10 @@ TORCH_LIBRARY(sonicmoe, m) {
   // addend, + addend_scale[r] * addend_rows[e] (the router's part of dx folded in).
   m.def("grouped_gemm_kn(Tensor a, Tensor b, Tensor expert_offsets, bool partial_rows=False, "
         "int tile_config=0, Tensor? addend_scale=None, Tensor? addend_rows=None) -> Tensor");
-  // K4: backward through the down-projection and SwiGLU from H (see sonicmoe.h).
+  // K4: backward through the down-projection and the gated activation (K1's) from H (see sonicmoe.h).
   m.def("down_proj_grad(Tensor d_out, Tensor w2, Tensor h, Tensor row_score, Tensor expert_offsets, "
-        "Tensor gather_idx, bool partial_rows=False, int tile_config=0) -> (Tensor, Tensor, Tensor)");
+        "Tensor gather_idx, bool partial_rows=False, int tile_config=0, int activation=0) "
+        "-> (Tensor, Tensor, Tensor)");
   // K5 / K7: out[e] = sum over rows r of e of a_row(r)^T b_row(r), the gathered operand's row r
   // being its row gather_idx[r] (a's when gather_a); see WeightGradParams in sonicmoe.h. The
   // persistent grid leaves sm_margin SMs to work on other streams; rows_past_end_zeroed: the

@@ -72,6 +72,12 @@ inline GemmTileConfig tile_config_arg(const char* op, int64_t tile_config) {
   return static_cast<GemmTileConfig>(tile_config);
 }
 
+inline GluActivation activation_arg(const char* op, int64_t activation) {
+  check_arg(activation >= 0 && activation < kNumGluActivations, op, "activation", text(activation),
+            "must be a GluActivation: 0 (SwiGLU), 1 (GeGLU) or 2 (ReGLU)");
+  return static_cast<GluActivation>(activation);
+}
+
 inline void check_aligned16(const char* op, const at::Tensor& t, const char* name) {
   const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
   check_arg(t.numel() == 0 || addr % 16 == 0, op, std::string(name) + ".data_ptr()",

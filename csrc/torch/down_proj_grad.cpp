@@ -27,7 +27,7 @@ DownProjGradParams down_proj_grad_shape(const at::Tensor& d_out, const at::Tenso
 
 void check_down_proj_grad_args(const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h,
                                const at::Tensor& row_score, const at::Tensor& expert_offsets,
-                               const at::Tensor& gather_idx, int64_t tile_config) {
+                               const at::Tensor& gather_idx, int64_t tile_config, int64_t activation) {
   check_dtype(kOp, d_out, "d_out", at::kBFloat16);
   check_dtype(kOp, w2, "w2", at::kBFloat16);
   check_dtype(kOp, h, "h", at::kBFloat16);
@@ -59,6 +59,7 @@ void check_down_proj_grad_args(const at::Tensor& d_out, const at::Tensor& w2, co
   DownProjGradParams shape = down_proj_grad_shape(d_out, w2, gather_idx);
   shape.sm_count = 1;
   shape.config = tile_config_arg(kOp, tile_config);
+  shape.activation = activation_arg(kOp, activation);
   const std::string problem = check_down_proj_grad(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
@@ -67,14 +68,16 @@ void check_down_proj_grad_args(const at::Tensor& d_out, const at::Tensor& w2, co
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config) {
-  check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config,
+    int64_t activation) {
+  check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config, activation);
   check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
                                {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
   const c10::cuda::CUDAGuard guard(d_out.device());
   DownProjGradParams p = down_proj_grad_shape(d_out, w2, gather_idx);
   p.partial_rows = partial_rows;
   p.config = static_cast<GemmTileConfig>(tile_config);
+  p.activation = static_cast<GluActivation>(activation);
   const int64_t blocks = (p.n + kDownProjGradBlockCols - 1) / kDownProjGradBlockCols;
   at::Tensor d_h = at::empty({p.m_total, 2 * p.n}, d_out.options());
   at::Tensor a_scaled = at::empty({p.m_total, p.n}, d_out.options());
@@ -98,8 +101,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config) {
-  check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config,
+    int64_t activation) {
+  check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config, activation);
   check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
                                {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
   return {};

@@ -24,14 +24,17 @@ at::Tensor grouped_gemm_kn_cpu(const at::Tensor& a, const at::Tensor& b, const a
                                bool partial_rows, int64_t tile_config, const std::optional<at::Tensor>& addend_scale,
                                const std::optional<at::Tensor>& addend_rows);
 
-// down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows, tile_config)
+// down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows, tile_config,
+//                activation)
 //   -> (d_h, a_scaled, d_score_partial)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config,
+    int64_t activation);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
-    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config);
+    const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config,
+    int64_t activation);
 
 // weight_grad(Tensor a, Tensor b, Tensor expert_offsets, Tensor gather_idx, bool gather_a,
 //             bool partial_rows, int tile_config, int sm_margin, bool rows_past_end_zeroed)
@@ -56,15 +59,15 @@ DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Ten
 DenseLayoutTensors dense_layout_cpu(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound);
 
 // up_proj(Tensor x, Tensor w1, Tensor expert_offsets, Tensor gather_idx, bool keep_h=True,
-//         bool partial_rows=False, int tile_config=0) -> (Tensor h, Tensor a)
+//         bool partial_rows=False, int tile_config=0, int activation=0) -> (Tensor h, Tensor a)
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,
                                                 const at::Tensor& expert_offsets,
                                                 const at::Tensor& gather_idx, bool keep_h,
-                                                bool partial_rows, int64_t tile_config);
+                                                bool partial_rows, int64_t tile_config, int64_t activation);
 std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Tensor& w1,
                                                const at::Tensor& expert_offsets,
                                                const at::Tensor& gather_idx, bool keep_h,
-                                               bool partial_rows, int64_t tile_config);
+                                               bool partial_rows, int64_t tile_config, int64_t activation);
 
 // combine(Tensor y, Tensor scores, Tensor rev_idx) -> Tensor
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx);

@@ -26,7 +26,7 @@ UpProjParams up_proj_shape(const at::Tensor& x, const at::Tensor& w1, const at::
 
 // Everything that can be checked without a GPU, in the order a user would fix it.
 void check_up_proj_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& expert_offsets,
-                        const at::Tensor& gather_idx, int64_t tile_config) {
+                        const at::Tensor& gather_idx, int64_t tile_config, int64_t activation) {
   check_dtype(kOp, x, "x", at::kBFloat16);
   check_dtype(kOp, w1, "w1", at::kBFloat16);
   check_dtype(kOp, expert_offsets, "expert_offsets", at::kInt);
@@ -54,6 +54,7 @@ void check_up_proj_args(const at::Tensor& x, const at::Tensor& w1, const at::Ten
   UpProjParams shape = up_proj_shape(x, w1, gather_idx);
   shape.sm_count = 1;  // the device is not known yet
   shape.config = tile_config_arg(kOp, tile_config);
+  shape.activation = activation_arg(kOp, activation);
   const std::string problem = check_up_proj(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
 }
@@ -63,8 +64,8 @@ void check_up_proj_args(const at::Tensor& x, const at::Tensor& w1, const at::Ten
 std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::Tensor& w1,
                                                 const at::Tensor& expert_offsets,
                                                 const at::Tensor& gather_idx, bool keep_h,
-                                                bool partial_rows, int64_t tile_config) {
-  check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config);
+                                                bool partial_rows, int64_t tile_config, int64_t activation) {
+  check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config, activation);
   check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
                                {&gather_idx, "gather_idx"}});
   const c10::cuda::CUDAGuard guard(x.device());
@@ -82,6 +83,7 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
   p.sm_count = device_sm_count(x);
   p.partial_rows = partial_rows;
   p.config = static_cast<GemmTileConfig>(tile_config);
+  p.activation = static_cast<GluActivation>(activation);
   p.stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   const Status status = run_up_proj(p);
   TORCH_CHECK(status.ok(), status.message);
@@ -91,8 +93,8 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
 std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Tensor& w1,
                                                const at::Tensor& expert_offsets,
                                                const at::Tensor& gather_idx, bool keep_h,
-                                               bool partial_rows, int64_t tile_config) {
-  check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config);
+                                               bool partial_rows, int64_t tile_config, int64_t activation) {
+  check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config, activation);
   // Raises: x is on the CPU.
   check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
                                {&gather_idx, "gather_idx"}});

@@ -24,6 +24,8 @@ TEST(DownProjGradHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](DownProjGradParams& p) { p.config = sonicmoe::GemmTileConfig::kPingpong128x128x64; },
        "down_proj_grad: config = 1 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 10)"},
       {[](DownProjGradParams& p) { p.m_total = INT32_MAX; p.n = 1 << 20; }, "tiles must fit in int32"},
+      {[](DownProjGradParams& p) { p.activation = static_cast<sonicmoe::GluActivation>(-1); },
+       "down_proj_grad: activation = -1 breaks the rule: must name a GluActivation"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_down_proj_grad);
 }

@@ -50,6 +50,8 @@ TEST(UpProjHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](UpProjParams& p) { p.config = GemmTileConfig::kCooperative128x256x64; },
        "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration"},
       {[](UpProjParams& p) { p.m_total = INT32_MAX; p.n = 1 << 20; }, "tiles must fit in int32"},
+      {[](UpProjParams& p) { p.activation = static_cast<sonicmoe::GluActivation>(3); },
+       "up_proj: activation = 3 breaks the rule: must name a GluActivation"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_up_proj);
 }
@@ -94,7 +96,18 @@ struct UpProjCase {
   bool keep_h;
 };
 
-void run_case(const UpProjCase& c, uint32_t seed, GemmTileConfig config) {
+// act(g) in double, as common/glu_math.cuh computes it in fp32 (GeGLU: GELU's tanh form).
+double reference_act(sonicmoe::GluActivation act, double g) {
+  switch (act) {
+    case sonicmoe::GluActivation::kGeGLU:
+      return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+    case sonicmoe::GluActivation::kReGLU: return g > 0.0 ? g : 0.0;
+    default: return g / (1.0 + std::exp(-g));
+  }
+}
+
+void run_case(const UpProjCase& c, uint32_t seed, GemmTileConfig config,
+              sonicmoe::GluActivation activation = sonicmoe::GluActivation::kSwiGLU) {
   const int experts = static_cast<int>(c.rows_per_expert.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + c.rows_per_expert[e];
@@ -141,6 +154,7 @@ void run_case(const UpProjCase& c, uint32_t seed, GemmTileConfig config) {
   p.num_experts = experts;
   p.sm_count = sm_count;
   p.config = config;
+  p.activation = activation;
   const sonicmoe::Status st = sonicmoe::run_up_proj(p);
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_OK(cudaDeviceSynchronize());
@@ -160,7 +174,7 @@ void run_case(const UpProjCase& c, uint32_t seed, GemmTileConfig config) {
         row[j] = acc;
       }
       for (int j = 0; j < c.n; ++j) {
-        const double act = row[j] / (1.0 + std::exp(-row[j])) * row[c.n + j];
+        const double act = reference_act(activation, row[j]) * row[c.n + j];
         const float got = from_bf16(a[int64_t(r) * c.n + j]);
         ASSERT_TRUE(std::isfinite(got)) << "unwritten or non-finite a at row " << r << " col " << j;
         a_err2 += (got - act) * (got - act);
@@ -211,6 +225,11 @@ TEST_P(SM90_UpProj, bf16_many_tiles_per_cta_and_deep_k) {
   std::mt19937 rng(4);
   for (auto& r : rows) r = static_cast<int>(rng() % 300);
   run_case({rows, 500, 1024, 128, true}, 4, GetParam());
+}
+
+TEST_P(SM90_UpProj, bf16_geglu_and_reglu) {
+  for (auto act : {sonicmoe::GluActivation::kGeGLU, sonicmoe::GluActivation::kReGLU})
+    run_case({{0, 37, 128, 0, 1, 300, 0, 65}, 200, 256, 192, true}, 5, GetParam(), act);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, SM90_UpProj,

@@ -1,26 +1,17 @@
-// SwiGLU's math and H's chunks, shared by K1's epilogue (SwiGLUEpilogue) and K4's
-// (DSwiGLUEpilogue, DSwiGLUSmemSourceEpilogue): silu by one MUFU.TANH, and the reorder of H's
-// 16-byte chunks between its stored column order (common/h_column_order.h) and the
-// accumulator's layout.
+// H's chunks, shared by K1's epilogue (GluEpilogue) and K4's (DGluEpilogue,
+// DGluSmemSourceEpilogue): the reorder of H's 16-byte chunks between its stored column order
+// (common/h_column_order.h) and the accumulator's layout. The activations' math is
+// common/glu_math.cuh.
 #pragma once
 
 #include <cstdint>
 
+#include "common/glu_math.cuh"
 #include "common/h_column_order.h"
 #include "sm90/epilogue/store_helpers_sm90.cuh"
 #include "sm90/ptx.cuh"
 
 namespace sonicmoe::sm90 {
-
-// sigmoid(x) = (1 + tanh(x / 2)) / 2 takes one MUFU (tanh_approx) where exp and a reciprocal
-// (__fdividef) took two: the SwiGLU epilogues (K1, K4) do not overlap the MMAs, and K4 measured
-// 1-7% faster for it on its cooperative tiles, level on ping-pong (H200). tanh saturates to +-1,
-// so silu is exactly 0 for large negative inputs.
-// silu(x) = x sigmoid(x) = h + h tanh(h), h = x / 2.
-__device__ __forceinline__ float fast_silu(float x) {
-  const float half = 0.5f * x;
-  return fmaf(half, tanh_approx(half), half);
-}
 
 // Whether the 32-column block of H holding this lane's chunk at half column `col` (from
 // quad_chunk_col) is whole, and so in fragment order (common/h_column_order.h): there the lane's

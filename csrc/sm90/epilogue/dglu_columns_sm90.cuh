@@ -1,7 +1,8 @@
-// K4 (backward through the down-projection and SwiGLU). The accumulators are dA' = dO[gather] @ w2[e]
-// over kTileN (128 or 256) of the n columns; with H (kept by K1) and the row's score s:
-//   A = silu(gate) * up, dA = s * dA',
-//   dH = [dA * up * silu'(gate), dA * silu(gate)], A' = s * A, dS partial = sum_c dA' * A.
+// K4 (backward through the down-projection and the gated activation). The accumulators are
+// dA' = dO[gather] @ w2[e] over kTileN (128 or 256) of the n columns; with H (kept by K1) and the
+// row's score s, act one of common/glu_math.cuh's:
+//   A = act(gate) * up, dA = s * dA',
+//   dH = [dA * up * act'(gate), dA * act(gate)], A' = s * A, dS partial = sum_c dA' * A.
 // H arrives in registers as 16-byte chunks already in the accumulator's layout (H's column
 // order, common/h_column_order.h; a trailing partial block is transposed across the quad); dH
 // and A' leave in column order, transposed across each quad into 16-byte chunks
@@ -9,8 +10,8 @@
 // The dS partial of each row and 128-column slot (kSlotCols) goes to its own place, summed over
 // the slots in a fixed order later (deterministic, no atomics).
 //
-// This header holds what K4's two epilogues (dswiglu_epilogue_sm90.cuh: H in registers;
-// dswiglu_smem_source_epilogue_sm90.cuh: H through shared memory) share: the math of 4 column
+// This header holds what K4's two epilogues (dglu_epilogue_sm90.cuh: H in registers;
+// dglu_smem_source_epilogue_sm90.cuh: H through shared memory) share: the math of 4 column
 // groups, and the n tiles, their B rows and the score slots.
 #pragma once
 
@@ -20,6 +21,7 @@
 
 #include "cute/tensor.hpp"
 
+#include "common/glu_math.cuh"
 #include "sm90/epilogue/epilogue_tile_sm90.cuh"
 #include "sm90/epilogue/store_helpers_sm90.cuh"
 #include "sm90/ptx.cuh"
@@ -30,8 +32,8 @@ namespace sonicmoe::sm90 {
 // K4's math for the 4 column groups j0 .. j0 + 3 of accumulator row (v1, m): g4 / u4 hold H's gate
 // and up pairs in the accumulator's layout; returns dH's gate and up pairs
 // and A' = s * A, and adds the row's dS terms to d_score.
-template <class Accumulator>
-__device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1, int m, int j0, float score,
+template <GluActivation kAct, class Accumulator>
+__device__ __forceinline__ void dglu_groups(const Accumulator& accum, int v1, int m, int j0, float score,
                                                const uint32_t (&g4)[4], const uint32_t (&u4)[4], uint32_t (&dg4)[4],
                                                uint32_t (&du4)[4], uint32_t (&as4)[4], float& d_score) {
   using namespace cute;
@@ -44,17 +46,13 @@ __device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1,
     for (int v0 = 0; v0 < 2; ++v0) {
       const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
       const float d_a_prime = accum(make_coord(make_coord(v0, v1, j0 + b), m, 0));
-      // From the one tanh (see tanh_approx): sig, silu and silu' = sig + silu (1 - sig) by FMAs.
-      const float half = 0.5f * gate;
-      const float t = tanh_approx(half);
-      const float sig = fmaf(0.5f, t, 0.5f);
-      const float silu = fmaf(half, t, half);
-      const float d_silu = fmaf(silu, fmaf(-0.5f, t, 0.5f), sig);
-      const float a = silu * up;
+      float act, d_act;
+      glu_act_grad<kAct>(gate, act, d_act);
+      const float a = act * up;
       d_score = fmaf(d_a_prime, a, d_score);
       const float d_a = score * d_a_prime;
-      dg[v0] = d_a * up * d_silu;
-      du[v0] = d_a * silu;
+      dg[v0] = d_a * up * d_act;
+      du[v0] = d_a * act;
       as[v0] = score * a;
     }
     dg4[b] = pack_bf16x2(dg[0], dg[1]);
@@ -63,12 +61,12 @@ __device__ __forceinline__ void dswiglu_groups(const Accumulator& accum, int v1,
   }
 }
 
-// What K4's two epilogues share (DSwiGLUEpilogue: H in registers; DSwiGLUSmemSourceEpilogue: H
+// What K4's two epilogues share (DGluEpilogue: H in registers; DGluSmemSourceEpilogue: H
 // through shared memory): the n tiles, their B rows, and the score slots. d_score_partial has one
 // slot per 128 columns of n (kDownProjGradBlockCols): a 128-column tile writes one, a 256-column
 // tile two.
 template <int kTileN>
-struct DSwiGLUColumns {
+struct DGluColumns {
   static constexpr int kBoxRowsB = 64;
   static constexpr int kSlotCols = 128;
   static_assert(kTileN % kSlotCols == 0, "whole score slots per tile");

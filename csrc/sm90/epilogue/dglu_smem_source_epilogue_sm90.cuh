@@ -1,6 +1,6 @@
-// DSwiGLUSmemSourceEpilogue (K4 on the cooperative 128 x 256 tiles). Reads dA' (the
+// DGluSmemSourceEpilogue (K4 on the cooperative 128 x 256 tiles). Reads dA' (the
 // accumulators), H by TMA into shared memory a quarter of the tile at a time, and row_score;
-// computes and writes what DSwiGLUEpilogue does (d_h, a_scaled, d_score_partial).
+// computes and writes what DGluEpilogue does (d_h, a_scaled, d_score_partial).
 #pragma once
 
 #include <cuda.h>
@@ -11,10 +11,10 @@
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 
-#include "sm90/epilogue/dswiglu_columns_sm90.cuh"
+#include "sm90/epilogue/dglu_columns_sm90.cuh"
 #include "sm90/epilogue/epilogue_tile_sm90.cuh"
 #include "sm90/epilogue/store_helpers_sm90.cuh"
-#include "sm90/epilogue/swiglu_math_sm90.cuh"
+#include "sm90/epilogue/glu_chunks_sm90.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/varlen_tile_scheduler.cuh"
 
@@ -26,13 +26,13 @@ namespace sonicmoe::sm90 {
 // later one when the previous quarter's reads are done. The register path above waits a global
 // round trip for every 8 column groups of a row pair (8 per tile); here the epilogue waits at most
 // three TMA loads per tile, and H takes no registers while it is in flight. Math, stores and the
-// score slots as in DSwiGLUEpilogue.
-template <int kTileM, int kTileN>
-struct DSwiGLUSmemSourceEpilogue : DSwiGLUColumns<kTileN> {
+// score slots as in DGluEpilogue.
+template <int kTileM, int kTileN, GluActivation kAct>
+struct DGluSmemSourceEpilogue : DGluColumns<kTileN> {
   static_assert(kTileM == 128 && kTileN == 256, "the cooperative 128 x 256 tiles: 64 rows per warpgroup");
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
-  using Columns = DSwiGLUColumns<kTileN>;
+  using Columns = DGluColumns<kTileN>;
   using Columns::kSlotCols;
   static constexpr int kRows = 64;          // a warpgroup's rows of the tile
   static constexpr int kQuarterCols = 64;   // n columns per H load: one 128-byte swizzle row
@@ -120,7 +120,7 @@ struct DSwiGLUSmemSourceEpilogue : DSwiGLUColumns<kTileN> {
           load_shared_16B(u4, up_base + offset);
           reorder_h_chunks(g4, u4, col, p.n);
           uint32_t dg4[4], du4[4], as4[4];
-          dswiglu_groups(accum, v1, 0, j0, score[v1], g4, u4, dg4, du4, as4, d_score[v1]);
+          dglu_groups<kAct>(accum, v1, 0, j0, score[v1], g4, u4, dg4, du4, as4, d_score[v1]);
           quad_transpose(dg4);
           quad_transpose(du4);
           quad_transpose(as4);

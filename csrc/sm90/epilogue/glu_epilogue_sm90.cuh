@@ -1,7 +1,8 @@
-// SwiGLUEpilogue (K1). Reads nothing but the accumulators (gate and up columns of one tile);
-// computes A = silu(gate) * up in fp32; writes A (m_total, n) and, when kept for backward,
-// H = [gate | up] (m_total, 2n) in H's column order, both bf16. Its b_rows pair each gate box
-// with the matching up box, which is what lets SwiGLU fuse here.
+// GluEpilogue (K1). Reads nothing but the accumulators (gate and up columns of one tile);
+// computes A = act(gate) * up in fp32 (kAct: SwiGLU, GeGLU or ReGLU, common/glu_math.cuh);
+// writes A (m_total, n) and, when kept for backward, H = [gate | up] (m_total, 2n) in H's column
+// order, both bf16. Its b_rows pair each gate box with the matching up box, which is what lets
+// the gated activation fuse here.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,19 +14,19 @@
 #include "common/h_column_order.h"
 #include "sm90/epilogue/epilogue_tile_sm90.cuh"
 #include "sm90/epilogue/store_helpers_sm90.cuh"
-#include "sm90/epilogue/swiglu_math_sm90.cuh"
+#include "sm90/epilogue/glu_chunks_sm90.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
 
 // K1: the tile's N columns are kTileN / 2 gate columns (w1 rows of the gate half, from
-// n_block * kTileN / 2) and the matching up columns (w1 rows n + ...), so both halves of SwiGLU
-// meet in one thread.
+// n_block * kTileN / 2) and the matching up columns (w1 rows n + ...), so both halves of the
+// gated activation meet in one thread.
 // Stores H = [gate | up] (m_total, 2n; in H's column order, common/h_column_order.h) when kept
-// for backward, and A = silu(gate) * up (m_total, n), computed from the fp32 accumulators.
-template <int kTileM, int kTileN, TileStore kStore>
-struct SwiGLUEpilogue {
+// for backward, and A = act(gate) * up (m_total, n), computed from the fp32 accumulators.
+template <int kTileM, int kTileN, TileStore kStore, GluActivation kAct>
+struct GluEpilogue {
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
   static constexpr int kBoxRowsB = 64;
@@ -91,7 +92,7 @@ struct SwiGLUEpilogue {
             const float u1 = accum(make_coord(make_coord(1, v1, q0 + b + kGroups), h, 0));
             gate4[b] = pack_bf16x2(g0, g1);
             up4[b] = pack_bf16x2(u0, u1);
-            act4[b] = pack_bf16x2(fast_silu(g0) * u0, fast_silu(g1) * u1);
+            act4[b] = pack_bf16x2(glu_act<kAct>(g0) * u0, glu_act<kAct>(g1) * u1);
           }
           const int col = col0 + quad_chunk_col(coords, v1, q0, h);  // gate columns
           const bool ok = r < t.rows && col < p.n;
@@ -151,7 +152,7 @@ struct SwiGLUEpilogue {
           for (int v0 = 0; v0 < 2; ++v0) {
             const float gate = accum(make_coord(make_coord(v0, v1, j), h, 0));
             const float up = accum(make_coord(make_coord(v0, v1, j + kGroups), h, 0));
-            act[v0] = fast_silu(gate) * up;
+            act[v0] = glu_act<kAct>(gate) * up;
           }
           const auto rc = coords(make_coord(make_coord(0, v1, j), h, 0));
           const int r = get<0>(rc) - half_row;

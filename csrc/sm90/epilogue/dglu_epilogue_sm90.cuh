@@ -1,6 +1,6 @@
-// DSwiGLUEpilogue (K4 on ping-pong and 256 x 128 tiles). Reads dA' (the accumulators), H
-// (m_total, 2n) bf16 by 16-byte global loads and row_score (m_total) fp32; computes dSwiGLU and
-// the score gradient (dswiglu_columns_sm90.cuh); writes d_h (m_total, 2n), a_scaled (m_total, n)
+// DGluEpilogue (K4 on ping-pong and 256 x 128 tiles). Reads dA' (the accumulators), H
+// (m_total, 2n) bf16 by 16-byte global loads and row_score (m_total) fp32; computes the gated
+// activation's backward and the score gradient (dglu_columns_sm90.cuh); writes d_h (m_total, 2n), a_scaled (m_total, n)
 // bf16 and d_score_partial (m_total, ceil(n / 128)) fp32.
 #pragma once
 
@@ -8,20 +8,20 @@
 
 #include "cute/tensor.hpp"
 
-#include "sm90/epilogue/dswiglu_columns_sm90.cuh"
+#include "sm90/epilogue/dglu_columns_sm90.cuh"
 #include "sm90/epilogue/epilogue_tile_sm90.cuh"
 #include "sm90/epilogue/store_helpers_sm90.cuh"
-#include "sm90/epilogue/swiglu_math_sm90.cuh"
+#include "sm90/epilogue/glu_chunks_sm90.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
 
-template <int kTileM, int kTileN>
-struct DSwiGLUEpilogue : DSwiGLUColumns<kTileN> {
+template <int kTileM, int kTileN, GluActivation kAct>
+struct DGluEpilogue : DGluColumns<kTileN> {
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
-  using Columns = DSwiGLUColumns<kTileN>;
+  using Columns = DGluColumns<kTileN>;
   using Columns::kSlotCols;
 
   struct Params {
@@ -82,7 +82,7 @@ struct DSwiGLUEpilogue : DSwiGLUColumns<kTileN> {
             // Columns past n and rows past the tile load H as 0: every result is 0 there, and
             // the stores below skip them.
             uint32_t dg4[4], du4[4], as4[4];
-            dswiglu_groups(accum, v1, m, j0 + q0, score, g4[q0 / 4], u4[q0 / 4], dg4, du4, as4, d_score);
+            dglu_groups<kAct>(accum, v1, m, j0 + q0, score, g4[q0 / 4], u4[q0 / 4], dg4, du4, as4, d_score);
             quad_transpose(dg4);
             quad_transpose(du4);
             quad_transpose(as4);

@@ -1,5 +1,5 @@
 // K4: dA' = dO[gather] @ w2[e] with dO rows gathered by cp.async and w2 (E, d, n) read N-major
-// by TMA; dSwiGLU / score-gradient epilogue reading H; ping-pong 128x128x64, no cluster, sm90a.
+// by TMA; the gated activation's backward / score-gradient epilogue reading H; ping-pong 128x128x64, no cluster, sm90a.
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/varlen_gemm_launch_sm90.cuh"
 
