@@ -7,6 +7,8 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
   the torch reference (GB/s, against the device copy ceiling);
 - moe_forward: the layer's forward (training mode, and no_grad) against a torch._grouped_mm layer;
 - moe_backward: backward and forward+backward TFLOP/s and the memory kept after the forward;
+  both with --activation (swiglu, geglu or reglu: the experts' gated activation, in both layers;
+  upstream's anchors are SwiGLU's);
 - forward_kernels: K1 and K2 one by one on each varlen configuration (ping-pong 128x128,
   cooperative 128x256 and 256x128), and K2 on CUTLASS's ptr-array kernel, TFLOP/s of each;
 - backward_kernels: the backward's kernels one by one (K4, K6, K5, K7) beside the interim weight
@@ -241,6 +243,8 @@ def bench_combine(name, cfg):
 # where the values' bits set the power and so the time; "anchor" draws them as upstream SonicMoE's
 # own benchmark does for the anchors' figures (ANCHOR_PROTOCOL).
 LAYER_DATA = "bench"
+# --activation: the experts' gated activation in moe_forward / moe_backward (both layers).
+ACTIVATION = "swiglu"
 
 
 def layer_params(T, d, n, E, data=None):
@@ -264,9 +268,9 @@ def layer_params(T, d, n, E, data=None):
     return tuple(t.bfloat16().requires_grad_() for t in (x, router, w1, w2))
 
 
-def torch_grouped_mm_layer(x, router, w1, w2, top_k):
+def torch_grouped_mm_layer(x, router, w1, w2, top_k, activation="swiglu"):
     """The torchtitan-style baseline of the anchors: argsort gather, torch._grouped_mm up and
-    down, silu * mul, index_add combine."""
+    down, silu * mul (act * mul for another gated activation), index_add combine."""
     T, d = x.shape
     E, _, n = w2.shape
     scores, experts = torch.nn.functional.linear(x, router).float().topk(top_k, dim=-1)
@@ -277,7 +281,7 @@ def torch_grouped_mm_layer(x, router, w1, w2, top_k):
         0, flat, torch.ones_like(flat, dtype=torch.int32)).cumsum(0, dtype=torch.int32)
     tokens = order // top_k
     h = torch._grouped_mm(x[tokens], w1.transpose(1, 2), offs=offs)
-    a = torch.nn.functional.silu(h[:, :n]) * h[:, n:]
+    a = sonicmoe.reference.glu_activation(h[:, :n], activation) * h[:, n:]
     y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
     y = y * scores.reshape(-1)[order, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, tokens, y)
@@ -290,16 +294,18 @@ def bench_moe_forward(name, cfg, anchor_rows):
     x, router, w1, w2 = layer_params(T, d, n, E)
     flops = 6.0 * T * K * d * n
 
+    act = ACTIVATION
+
     def inference():
         with torch.no_grad():
-            return sonicmoe.moe(x, router, w1, w2, K)
+            return sonicmoe.moe(x, router, w1, w2, K, activation=act)
 
-    ms = time_interleaved({"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
+    ms = time_interleaved({"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K, activation=act),
                            "sonicmoe_no_grad": inference,
-                           "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)},
+                           "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K, act)},
                           rounds=5, iters=10)
     up = upstream_anchor(anchor_rows, name)
-    return {"config": name, "sonicmoe_fwd_tflops": flops / ms["sonicmoe"] / 1e9,
+    return {"config": name, "activation": act, "sonicmoe_fwd_tflops": flops / ms["sonicmoe"] / 1e9,
             "sonicmoe_no_grad_fwd_tflops": flops / ms["sonicmoe_no_grad"] / 1e9,
             "torch_grouped_mm_fwd_tflops": flops / ms["torch_grouped_mm"] / 1e9,
             "upstream_fwd_tflops_anchor": up.get("fwd_tflops"), "upstream_impl": up.get("impl")}
@@ -349,8 +355,9 @@ def bench_moe_backward(name, cfg, anchor_rows):
     T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
     x, router, w1, w2 = layer_params(T, d, n, E)
     grad = torch.randn(T, d, device="cuda").bfloat16()
-    layers = {"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K),
-              "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K)}
+    act = ACTIVATION
+    layers = {"sonicmoe": lambda: sonicmoe.moe(x, router, w1, w2, K, activation=act),
+              "torch_grouped_mm": lambda: torch_grouped_mm_layer(x, router, w1, w2, K, act)}
     params = (x, router, w1, w2)
 
     def step(layer):  # a training step's backward: gradients start unset (zero_grad's default)
@@ -364,7 +371,7 @@ def bench_moe_backward(name, cfg, anchor_rows):
         fns[f"{impl}_fwd_bwd"] = (lambda layer: lambda: step(layer))(layer)
     ms = time_interleaved(fns, rounds=5, iters=5)
     fwd, fwd_bwd = 6.0 * T * K * d * n, 18.0 * T * K * d * n
-    row = {"config": name}
+    row = {"config": name, "activation": act}
     if MEASURE_ENERGY:  # ours only: the step's power and clock, the backward's energy per step
         power = energy_interleaved({k: fns[k] for k in ("sonicmoe_fwd", "sonicmoe_fwd_bwd")}, ms)
         for k, (watts, mhz) in power.items():
@@ -767,7 +774,7 @@ def bench_token_rounding(cfg, tile=128):
 
     def experts_rounded():
         with torch.no_grad():
-            return _MoEDenseExperts.apply(x, w1, w2, probs, probs_t, assigned_t, K, tile, False)
+            return _MoEDenseExperts.apply(x, w1, w2, probs, probs_t, assigned_t, K, tile, False, "swiglu")
 
     fns["topk_softmax_experts"] = experts_topk
     fns["token_rounding_experts"] = experts_rounded
@@ -874,14 +881,18 @@ def main():
     parser.add_argument("--data", choices=("bench", "anchor"), default=None, help="the layer's values "
                         "(layer_params): moe_forward / moe_backward default to bench, moe_anchor_protocol to anchor")
     parser.add_argument("--rounds", type=int, default=3, help="moe_anchor_protocol: rounds per config")
+    parser.add_argument("--activation", choices=list(sonicmoe.GLU_ACTIVATIONS), default="swiglu",
+                        help="moe_forward / moe_backward: the experts' gated activation, in both layers (upstream's "
+                        "anchors stay SwiGLU's; sidebyside takes env ACTIVATION)")
     args = parser.parse_args()
-    global PROFILE_ONE_CALL, MEASURE_ENERGY, SETTLE_MS, LAYER_DATA
+    global PROFILE_ONE_CALL, MEASURE_ENERGY, SETTLE_MS, LAYER_DATA, ACTIVATION
     PROFILE_ONE_CALL = args.profile
     MEASURE_ENERGY = args.energy
     if args.settle < 0:
         parser.error(f"--settle: {args.settle} ms must be >= 0")
     SETTLE_MS = args.settle
     LAYER_DATA = args.data or "bench"
+    ACTIVATION = args.activation
     if args.rounds < 1:
         parser.error(f"--rounds: {args.rounds} must be >= 1")
     parts = {p for p in args.parts.split(",") if p}
@@ -935,7 +946,8 @@ def main():
                   f"{(f'{up:.1f}' if up else '-'):>11}{(f'{ours / up:.3f}' if up else '-'):>7}"
                   f"{r['sonicmoe_no_grad_fwd_tflops']:>14.1f}")
         print("(forward TFLOP/s = 6*T*K*d*n / time; training forward: grad on; *upstream SonicMoE from "
-              f"benchmarks/anchors; {COMPILED_MARK}: its torch.compile'd layer, where no eager figure exists)\n")
+              f"benchmarks/anchors; {COMPILED_MARK}: its torch.compile'd layer, where no eager figure exists; "
+              f"activation {ACTIVATION}, the anchors' SwiGLU)\n")
     if "token_rounding" in ops:
         tr_rows = []
         for sweep, points in TOKEN_ROUNDING_SWEEPS.items():
@@ -992,7 +1004,7 @@ def main():
         print("(TFLOP/s: bwd = 12*T*K*d*n / (t_fwd+bwd - t_fwd), fwd+bwd = 18*T*K*d*n / t; kept = memory "
               "allocated after the forward minus its output; peak = a training step's peak above what was "
               "allocated before it, the gradients included; *upstream SonicMoE from benchmarks/anchors; "
-              f"{COMPILED_MARK}: its torch.compile'd layer)\n")
+              f"{COMPILED_MARK}: its torch.compile'd layer; activation {ACTIVATION}, the anchors' SwiGLU)\n")
         if MEASURE_ENERGY:
             print(f"{'config':<18}{'step W':>8}{'MHz':>6}{'fwd W':>7}{'MHz':>6}{'step J':>8}{'fwd J':>7}"
                   f"{'bwd J':>7}{'bwd pJ':>8}")

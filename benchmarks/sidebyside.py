@@ -7,6 +7,8 @@ two starts of the same card.
 
   python3 benchmarks/sidebyside.py [config ...]        (or: benchmarks/bench.py --ops sidebyside)
   env: IMPLS=upstream,project,torch   ROUNDS=3   OUT=dir (writes sidebyside.json)
+       ACTIVATION=swiglu|geglu|reglu: the experts' gated activation of the project and torch layers
+       (default swiglu); upstream is timed with SwiGLU only, so another activation leaves it out
        PROFILE=1: also each layer's kernels in one forward + backward (torch.profiler), per config,
        for the kernel-by-kernel table of docs/performance.md
 
@@ -115,13 +117,13 @@ def layer_tensors(T, d, n, E):
     return x, rw, w1, w2, torch.randn(T, d, device=dev).to(dt)
 
 
-def project_fns(T, d, n, E, K):
+def project_fns(T, d, n, E, K, activation="swiglu"):
     import sonicmoe
 
     x, rw, w1, w2, dy = layer_tensors(T, d, n, E)
 
     def fwd():
-        return sonicmoe.moe(x, rw, w1, w2, K, routing="topk_softmax")
+        return sonicmoe.moe(x, rw, w1, w2, K, routing="topk_softmax", activation=activation)
 
     def fwd_bwd():
         fwd().backward(dy)
@@ -130,12 +132,12 @@ def project_fns(T, d, n, E, K):
     return fwd, fwd_bwd
 
 
-def torch_fns(T, d, n, E, K):
+def torch_fns(T, d, n, E, K, activation="swiglu"):
 
     x, rw, w1, w2, dy = layer_tensors(T, d, n, E)
 
     def fwd():
-        return torch_grouped_mm_layer(x, rw, w1, w2, K)
+        return torch_grouped_mm_layer(x, rw, w1, w2, K, activation)
 
     def fwd_bwd():
         fwd().backward(dy)
@@ -145,6 +147,8 @@ def torch_fns(T, d, n, E, K):
 
 
 IMPLS = {"upstream": upstream_fns, "project": project_fns, "torch": torch_fns}
+# The project's gated activations (sonicmoe.GLU_ACTIVATIONS), env ACTIVATION.
+ACTIVATIONS = ("swiglu", "geglu", "reglu")
 
 
 def kernel_table(fwd_bwd):
@@ -164,15 +168,15 @@ def kernel_table(fwd_bwd):
              "stream": getattr(e, "device_resource_id", None)} for e in events]
 
 
-def measure(config, impls, rounds, profile_kernels=False):
+def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
     name, T, d, n, E, K = config
-    row = {"config": name, "shape": [T, d, n, E, K]}
+    row = {"config": name, "shape": [T, d, n, E, K], "activation": activation}
     flops = 6 * T * K * d * n
     fns, times = {}, {i: {"f": [], "fb": []} for i in impls}
     for impl in impls:
         t0 = time.time()
         try:
-            fns[impl] = IMPLS[impl](T, d, n, E, K)
+            fns[impl] = IMPLS[impl](T, d, n, E, K) if impl == "upstream" else IMPLS[impl](T, d, n, E, K, activation)
             fns[impl][1]()  # builds / JIT-compiles, warms up
             torch.cuda.synchronize()
             row[f"{impl}_kept_MiB"] = kept_mib(fns[impl][0])
@@ -217,7 +221,8 @@ def print_kernels(row, impls, top=12):
 
 
 def print_table(result, impls):
-    print(f"\n{result['device']}, commit {result['commit']}, {result['when']}; dense bf16 8192^3 "
+    print(f"\n{result['device']}, commit {result['commit']}, {result['when']}, {result.get('activation', 'swiglu')}; "
+          "dense bf16 8192^3 "
           f"{result['dense_tflops_before']:.0f} -> {result['dense_tflops_after']:.0f} TFLOP/s")
     print(f"{'config':<20}{'impl':<10}{'fwd':>6}{'bwd':>6}{'f+b':>6}{'kept MiB':>10}")
     for r in result["rows"]:
@@ -235,12 +240,19 @@ def print_table(result, impls):
                       f"fwd+bwd {q['fwd_bwd_tflops']:.3f}")
 
 
-def run(names=(), impls=None, rounds=None, out_dir=None, commit=None):
+def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation=None):
     """Times the named configs (default the eight; 'all' adds MODELS) and writes sidebyside.json."""
     impls = impls or os.environ.get("IMPLS", "upstream,project,torch").split(",")
     unknown = set(impls) - set(IMPLS)
     if unknown:
         raise ValueError(f"IMPLS = {','.join(impls)}: unknown {sorted(unknown)}; must be among {sorted(IMPLS)}")
+    activation = activation or os.environ.get("ACTIVATION", "swiglu")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"ACTIVATION = {activation!r} breaks the rule: must be one of {', '.join(ACTIVATIONS)}")
+    if activation != "swiglu" and "upstream" in impls:
+        print(f"ACTIVATION = {activation}: upstream SonicMoE is timed with SwiGLU only; timing "
+              + ", ".join(i for i in impls if i != "upstream") + " alone")
+        impls = [i for i in impls if i != "upstream"]
     if "upstream" in impls and not upstream_available():
         print(UPSTREAM_HOWTO + "; timing " + ", ".join(i for i in impls if i != "upstream") + " alone")
         impls = [i for i in impls if i != "upstream"]
@@ -254,13 +266,14 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None):
     if missing:
         raise ValueError(f"configs {missing} are unknown; must be among {sorted(known)} or 'all'")
     result = {"commit": commit or os.environ.get("PROJECT_COMMIT", "?"), "when": time.strftime("%Y-%m-%d %H:%M"),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": rounds, "rows": []}
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": rounds,
+              "activation": activation, "rows": []}
     path = pathlib.Path(out_dir or os.environ.get("OUT", "bench-out")) / "sidebyside.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     a = torch.randn(8192, 8192, device=dev, dtype=dt)
     result["dense_tflops_before"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
     for name in names:
-        row = measure(known[name], impls, rounds, profile_kernels)
+        row = measure(known[name], impls, rounds, profile_kernels, activation)
         result["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_kernels")}), flush=True)
         print_kernels(row, impls)

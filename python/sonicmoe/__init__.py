@@ -1,21 +1,22 @@
 """SonicMoE: fast, memory-lean Mixture-of-Experts training kernels for Hopper GPUs.
 
-Kernels: routing (R), the fused up-projection (K1: gather + grouped GEMM + SwiGLU), the
-grouped GEMMs (K2, K6), combine (K3, K8), the backward through the down-projection and SwiGLU
-(K4) and the expert weight gradients (K5, K7); the pure-PyTorch reference MoE; and
-sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
+Kernels: routing (R), the fused up-projection (K1: gather + grouped GEMM + a gated activation,
+SwiGLU, GeGLU or ReGLU), the grouped GEMMs (K2, K6), combine (K3, K8), the backward through the
+down-projection and the gated activation (K4) and the expert weight gradients (K5, K7); the
+pure-PyTorch reference MoE; and sonicmoe.moe / moe_routed / MoE on top of them (sonicmoe.functional).
 """
 
 from . import parallel, reference
-from ._ops import (GEMM_TILE_CONFIGS, autotune_cache_path, autotune_clear, combine, combine_csr, combine_dx,
-                   device_routing_metadata, down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn,
-                   h_column_order, kernel_archs, router_topk, up_proj, weight_grad)
+from ._ops import (GEMM_TILE_CONFIGS, GLU_ACTIVATIONS, autotune_cache_path, autotune_clear, combine, combine_csr,
+                   combine_dx, device_routing_metadata, down_proj_grad, extension_available, grouped_gemm,
+                   grouped_gemm_kn, h_column_order, kernel_archs, router_topk, up_proj, weight_grad)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
 
 __all__ = [
     "GEMM_TILE_CONFIGS",
+    "GLU_ACTIVATIONS",
     "MoE",
     "build_info",
     "RoutingMetadata",

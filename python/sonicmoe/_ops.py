@@ -28,6 +28,24 @@ GEMM_TILE_CONFIGS = {
 }
 
 
+# The gated activations of K1's and K4's epilogues (csrc/sonicmoe.h, GluActivation): A = act(gate) * up
+# with act silu (SwiGLU), GELU in its tanh form (GeGLU, F.gelu(g, approximate="tanh")) or relu (ReGLU).
+GLU_ACTIVATIONS = {"swiglu": 0, "geglu": 1, "reglu": 2}
+
+
+def check_activation(activation) -> str:
+    """activation as the layer takes it (one of GLU_ACTIVATIONS), or a ValueError naming the rule."""
+    if not isinstance(activation, str) or activation not in GLU_ACTIVATIONS:
+        allowed = ", ".join(repr(a) for a in GLU_ACTIVATIONS)
+        raise ValueError(f"activation = {activation!r} breaks the rule: must be one of {allowed} (gated "
+                         "activations; non-gated ones such as 'relu2' and 'gelu' are not supported)")
+    return activation
+
+
+def _activation_number(activation: str) -> int:
+    return GLU_ACTIVATIONS[check_activation(activation)]
+
+
 def extension_available() -> bool:
     return _C is not None
 
@@ -94,8 +112,10 @@ def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tens
                                               addend_scale, addend_rows)
 
 
-def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config="auto"):
-    """K4: gradient through the down-projection and SwiGLU from H (sonicmoe.h, DownProjGradParams).
+def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config="auto",
+                   activation="swiglu"):
+    """K4: gradient through the down-projection and the gated activation from H (sonicmoe.h,
+    DownProjGradParams); activation as in up_proj (the forward's).
 
     h is up_proj's, in the kernels' column order (h_column_order). Returns d_h (M, 2n) bf16 in
     column order, a_scaled = s * A (M, n) bf16 and d_score_partial (M, ceil(n/128))
@@ -105,7 +125,8 @@ def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_
     in up_proj."""
     _require_extension()
     return torch.ops.sonicmoe.down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx,
-                                             partial_rows, _tile_config_number(tile_config))
+                                             partial_rows, _tile_config_number(tile_config),
+                                             _activation_number(activation))
 
 
 def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, tile_config="auto", sm_margin=0,
@@ -160,11 +181,14 @@ def up_proj(
     keep_h: bool = True,
     partial_rows: bool = False,
     tile_config: str = "auto",
+    activation: str = "swiglu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K1: up-projection with SwiGLU, the x rows gathered inside the GEMM.
+    """K1: up-projection with a gated activation, the x rows gathered inside the GEMM.
 
     For sorted row r of expert e: H[r] = w1[e] @ x[gather_idx[r]] (2n: gate, up) and
-    a[r] = silu(H[r, :n]) * H[r, n:] from the fp32 accumulators. x: (T, d) bf16;
+    a[r] = act(H[r, :n]) * H[r, n:] from the fp32 accumulators, act by activation (one of
+    GLU_ACTIVATIONS): "swiglu" silu, "geglu" GELU's tanh form (F.gelu(g, approximate="tanh")),
+    "reglu" relu. x: (T, d) bf16;
     w1: (E, 2n, d) bf16 (public layout); expert_offsets: (E+1,) int32; gather_idx: (M,) int32,
     both from routing_metadata. Returns (h (M, 2n), a (M, n)), bf16: h is H in the kernels'
     column order, which down_proj_grad reads (h_column_order(h) is H); h has 0 rows when
@@ -173,7 +197,7 @@ def up_proj(
     """
     _require_extension()
     return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows,
-                                      _tile_config_number(tile_config))
+                                      _tile_config_number(tile_config), _activation_number(activation))
 
 
 # H's column blocks (csrc/common/h_column_order.h, kHBlockCols / h_position).
@@ -295,7 +319,8 @@ if _C is not None:
         return a.new_empty((a.shape[0], b.shape[1]))
 
     @torch.library.register_fake("sonicmoe::up_proj")
-    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False, tile_config=0):
+    def _up_proj_fake(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False, tile_config=0,
+                      activation=0):
         torch._check(x.dim() == 2 and w1.dim() == 3, lambda: "up_proj: x must be 2-D, w1 3-D")
         torch._check(x.shape[1] == w1.shape[2], lambda: "up_proj: x.shape[1] != w1.shape[2]")
         m, n = gather_idx.shape[0], w1.shape[1] // 2
@@ -361,7 +386,7 @@ if _C is not None:
 
     @torch.library.register_fake("sonicmoe::down_proj_grad")
     def _down_proj_grad_fake(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False,
-                             tile_config=0):
+                             tile_config=0, activation=0):
         m, n = gather_idx.shape[0], w2.shape[2]
         return (d_out.new_empty((m, 2 * n)), d_out.new_empty((m, n)),
                 d_out.new_empty((m, (n + 127) // 128), dtype=torch.float32))

@@ -1,9 +1,9 @@
 """sonicmoe.moe / sonicmoe.moe_routed: the MoE layer as functions, with autograd.
 
 Forward on a Hopper GPU (bf16): routing metadata on the device, the up-projection with the
-x gather and SwiGLU fused in (K1), the down-projection (K2), combine (K3). No gathered copy
-of x and no separate activation pass exist, and nothing syncs with the host, so the forward
-can be captured in a CUDA graph.
+x gather and the gated activation (activation=: SwiGLU, GeGLU or ReGLU) fused in (K1), the
+down-projection (K2), combine (K3). No gathered copy of x and no separate activation pass exist,
+and nothing syncs with the host, so the forward can be captured in a CUDA graph.
 
 Backward: K4, K6 and K8 from x, H, the scores and the metadata; the weight gradients on our
 K5/K7 (weight_grad) where they outrun torch._grouped_mm over gathered copies, which eager mode
@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from . import _ops, reference
-from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine, combine_csr, combine_dx, device_routing_metadata,
-                   down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn, on_kernels, router_backward,
-                   router_backward_rows, router_topk, up_proj, weight_grad)
+from ._ops import (ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, check_activation, combine, combine_csr, combine_dx,
+                   device_routing_metadata, down_proj_grad, extension_available, grouped_gemm, grouped_gemm_kn,
+                   on_kernels, router_backward, router_backward_rows, router_topk, up_proj, weight_grad)
 from .routing import (_INT32_MAX, dense_routing_metadata_expert_major, dense_row_bound, routing_metadata,
                       scores_from_logits, token_rounding_expert_major)
 
@@ -191,7 +191,7 @@ def _side_streams(device):
 
 
 def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, partial_rows, tail,
-                      k6_addend=None):
+                      k6_addend=None, activation="swiglu"):
     """The kernels' backward over the sorted layout, shared by the top-K and dense layers.
 
     K4 gathers dO by gather_idx, recomputes A from H and returns dH, A' = s*A and the per-row
@@ -214,11 +214,12 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     where _tail_beside_weight_grads, else after them.
     k6_addend(d_score_partial), where given and dX~ is needed: (addend_scale, addend_rows) that K6
     adds to its rows (grouped_gemm_kn), computed between K4 and K6 (the top-K layer's router part).
+    activation: the forward's gated activation, which K4 differentiates.
     Returns (dw1, dw2, what tail returned)."""
     need_x, need_w1, need_w2, need_scores = needs
     d_out = _kernel_rows(grad_out.to(torch.bfloat16))  # a grad may be a view at any offset
     d_h, a_scaled, d_score_partial = down_proj_grad(d_out, w2, h, row_score, offsets, gather_idx,
-                                                    partial_rows=partial_rows)
+                                                    partial_rows=partial_rows, activation=activation)
     addend_scale, addend_rows = k6_addend(d_score_partial) if need_x and k6_addend is not None else (None, None)
     dx_rows = grouped_gemm_kn(d_h, w1, offsets, partial_rows=partial_rows, addend_scale=addend_scale,
                               addend_rows=addend_rows) if need_x else None
@@ -274,27 +275,29 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     return dw1, dw2, result
 
 
-def _routed_forward(x, w1, w2, scores, experts, keep_h):
-    """R's metadata, K1, K2, K3 for (T, K) routing. Returns the output, H (None unless kept) and
-    the metadata (expert_offsets, gather_idx, rev_idx)."""
+def _routed_forward(x, w1, w2, scores, experts, keep_h, activation):
+    """R's metadata, K1 (with the gated activation), K2, K3 for (T, K) routing. Returns the
+    output, H (None unless kept) and the metadata (expert_offsets, gather_idx, rev_idx)."""
     E = w2.shape[0]
     # R's layout kernels count experts in shared memory, up to ROUTER_MAX_EXPERTS; past that the
     # same layout by torch ops (no host sync either).
     meta = device_routing_metadata(experts, E) if E <= ROUTER_MAX_EXPERTS else routing_metadata(experts, E)
-    h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h)
+    h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h, activation=activation)
     y = grouped_gemm(a, w2, meta.expert_offsets)
     return combine(y, scores, meta.rev_idx), (h if keep_h else None), meta
 
 
-def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx, tail, k6_addend=None):
+def _routed_backward(needs, grad_out, x, w1, w2, scores, h, offsets, gather_idx, rev_idx, tail, k6_addend=None,
+                     activation="swiglu"):
     """_experts_backward over (T, K) routing. needs: (dx, dw1, dw2, dscores). tail(dx_rows,
     d_score_partial): dx_rows is K6's dX~ in the sorted layout (None unless needs[0]), which K8
     (combine_dx) sums per token; d_score_partial K4's score-gradient slots per sorted row (None
-    unless needs[3]), which R's backward or _scores_grad sums. k6_addend as in _experts_backward.
-    Returns (dw1, dw2, tail's result)."""
+    unless needs[3]), which R's backward or _scores_grad sums. k6_addend and activation as in
+    _experts_backward. Returns (dw1, dw2, tail's result)."""
     row_score = scores.new_empty(gather_idx.shape[0])
     row_score[rev_idx.reshape(-1).long()] = scores.reshape(-1)
-    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, False, tail, k6_addend)
+    return _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_idx, False, tail, k6_addend,
+                             activation)
 
 
 def _scores_grad(d_score_partial, rev_idx):
@@ -309,10 +312,11 @@ class _MoEExperts(torch.autograd.Function):
     parameters); H only when a graph is built. Backward: _routed_backward."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, scores, experts, keep_h):
-        out, h, meta = _routed_forward(x, w1, w2, scores, experts, keep_h)
+    def forward(ctx, x, w1, w2, scores, experts, keep_h, activation):
+        out, h, meta = _routed_forward(x, w1, w2, scores, experts, keep_h, activation)
         if keep_h:
             ctx.save_for_backward(x, w1, w2, scores, h, *meta)
+            ctx.activation = activation
         return out
 
     @staticmethod
@@ -324,8 +328,8 @@ class _MoEExperts(torch.autograd.Function):
                     _scores_grad(d_score_partial, rev_idx) if d_score_partial is not None else None)
 
         dw1, dw2, (dx, dscores) = _routed_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, scores, h,
-                                                   offsets, gather_idx, rev_idx, tail)
-        return dx, dw1, dw2, dscores, None, None
+                                                   offsets, gather_idx, rev_idx, tail, activation=ctx.activation)
+        return dx, dw1, dw2, dscores, None, None, None
 
 
 # The top-K modes whose d_logits is zero off each token's chosen experts: the router's part of dx,
@@ -363,14 +367,14 @@ class _MoELayer(torch.autograd.Function):
     d_logits @ router_weight, and K8 sums without an addend."""
 
     @staticmethod
-    def forward(ctx, x, router_weight, w1, w2, top_k, routing, keep_h, return_logits):
+    def forward(ctx, x, router_weight, w1, w2, top_k, routing, keep_h, return_logits, activation):
         logits = F.linear(x, router_weight)
         scores, experts = router_topk(logits, top_k, routing)
-        out, h, meta = _routed_forward(x, w1, w2, scores, experts, keep_h)
+        out, h, meta = _routed_forward(x, w1, w2, scores, experts, keep_h, activation)
         if keep_h:
             ctx.save_for_backward(x, router_weight, w1, w2, logits if routing == "softmax_topk" else None, scores,
                                   experts, h, *meta)
-            ctx.routing = routing
+            ctx.routing, ctx.activation = routing, activation
         return (out, logits) if return_logits else out
 
     @staticmethod
@@ -403,8 +407,9 @@ class _MoELayer(torch.autograd.Function):
 
         k6_addend = router_dx_in_k6 if _router_dx_in_k6(ctx.routing, grad_logits) else None
         dw1, dw2, (dx, d_router) = _routed_backward((need_x, need_w1, need_w2, need_logits), grad_out, x, w1, w2,
-                                                    scores, h, offsets, gather_idx, rev_idx, tail, k6_addend)
-        return dx, d_router, dw1, dw2, None, None, None, None
+                                                    scores, h, offsets, gather_idx, rev_idx, tail, k6_addend,
+                                                    ctx.activation)
+        return dx, d_router, dw1, dw2, None, None, None, None, None
 
 
 class _MoEDenseExperts(torch.autograd.Function):
@@ -418,15 +423,16 @@ class _MoEDenseExperts(torch.autograd.Function):
     scores and the assignment expert-major (E, T), the layout kernels' input."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, scores, scores_t, assigned_t, top_k, tile, keep_h):
+    def forward(ctx, x, w1, w2, scores, scores_t, assigned_t, top_k, tile, keep_h, activation):
         E, T = assigned_t.shape
         meta = dense_routing_metadata_expert_major(scores_t, assigned_t, dense_row_bound(T, E, top_k, tile))
-        h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h, partial_rows=True)
+        h, a = up_proj(x, w1, meta.expert_offsets, meta.gather_idx, keep_h=keep_h, partial_rows=True,
+                       activation=activation)
         y = grouped_gemm(a, w2, meta.expert_offsets, partial_rows=True)
         if keep_h:
             ctx.save_for_backward(x, w1, w2, h, meta.expert_offsets, meta.gather_idx, meta.token_offsets,
                                   meta.rows, meta.sorted_scores)
-            ctx.dense_shape = (T, E)
+            ctx.dense_shape, ctx.activation = (T, E), activation
         return combine_csr(y, meta.row_scores, meta.rows, meta.token_offsets)
 
     @staticmethod
@@ -453,34 +459,37 @@ class _MoEDenseExperts(torch.autograd.Function):
             return dx, dscores
 
         dw1, dw2, (dx, dscores) = _experts_backward(ctx.needs_input_grad[:4], grad_out, x, w1, w2, h, sorted_scores,
-                                                    offsets, gather_idx, True, tail)
-        return dx, dw1, dw2, dscores, None, None, None, None, None
+                                                    offsets, gather_idx, True, tail, activation=ctx.activation)
+        return dx, dw1, dw2, dscores, None, None, None, None, None, None
 
 
-def moe_routed(x, w1, w2, scores, experts):
-    """Expert MLPs (SwiGLU) for any router's decisions; gradients flow into scores.
+def moe_routed(x, w1, w2, scores, experts, *, activation="swiglu"):
+    """Expert MLPs (gated) for any router's decisions; gradients flow into scores.
 
     x: (T, d); w1: (E, 2n, d), rows [0, n) gate and [n, 2n) up; w2: (E, d, n);
     scores: (T, K) (fp32 recommended; the kernels combine in fp32); experts: (T, K) integer
-    ids in [0, E) (not range-checked on the device: that would sync). Returns (T, d).
+    ids in [0, E) (not range-checked on the device: that would sync). activation: the experts'
+    A = act(gate) * up, "swiglu" (silu), "geglu" (GELU's tanh form, F.gelu(g,
+    approximate="tanh")) or "reglu" (relu). Returns (T, d).
     """
+    check_activation(activation)
     x, w1, w2 = _autocast_inputs(x, w1, w2)
     reference.check_routed_args(x, w1, w2, scores, experts)
     _check_one_device("x, w1, w2, scores, experts", x, w1, w2, scores, experts)
     x = _token_rows(x, x.shape[-1])
     if not _kernel_path(x, w1, w2):
-        return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts)
+        return reference.moe_routed(x, w1, w2, scores.to(x.dtype), experts, activation=activation)
     _check_kernel_top_k("experts.shape[1]", experts.shape[1], x.shape[0])
     # As the ops take them (routing_metadata: int32 / int64 rows; combine: contiguous fp32 scores);
     # a sorted or sliced router's output is often a strided view.
     if experts.dtype not in (torch.int32, torch.int64):
         experts = experts.to(torch.int32)
     return _MoEExperts.apply(x, w1, w2, scores.float().contiguous(), experts.contiguous(),
-                             _grad_enabled_for(x, w1, w2, scores))
+                             _grad_enabled_for(x, w1, w2, scores), activation)
 
 
 def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, rule="nearest",
-        return_router_logits=False):
+        return_router_logits=False, activation="swiglu"):
     """Full MoE layer: router, routing, expert MLPs, combine.
 
     x: (..., d); router_weight: (E, d) (logits = x @ router_weight.T, then softmax and top-K in
@@ -488,9 +497,11 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
     (tile-aware rounding of each expert's token count to a multiple of `tile`, by `rule`
     "nearest", "up" or "down"; docs/design.md §6). Returns x's shape; with return_router_logits, also the
     router's logits (T, E) over the flattened tokens, in x's dtype, for an auxiliary loss
-    (load balancing, z-loss) whose gradient reaches x and router_weight.
+    (load balancing, z-loss) whose gradient reaches x and router_weight. activation: the
+    experts' gated activation, as in moe_routed ("swiglu", "geglu" or "reglu").
     """
     reference._check_routing(routing, dense_ok=True)
+    check_activation(activation)
     x, router_weight, w1, w2 = _autocast_inputs(x, router_weight, w1, w2)
     d = x.shape[-1]
     if router_weight.dim() != 2 or router_weight.shape[1] != d:
@@ -509,13 +520,14 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
 
     if routing == "token_rounding":
         if not _kernel_path(x.reshape(-1, d), w1, w2):
-            out = reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule)
+            out = reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule, activation=activation)
             return result(out, F.linear(x.reshape(-1, d), router_weight) if return_router_logits else None)
         x2 = _token_rows(x, d)
         logits = F.linear(x2, router_weight)
         probs, probs_t, assigned_t = token_rounding_expert_major(logits, top_k, tile, rule, fp32_probs=True)
         keep_h = _grad_enabled_for(x2, w1, w2, probs)
-        return result(_MoEDenseExperts.apply(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h), logits)
+        return result(_MoEDenseExperts.apply(x2, w1, w2, probs, probs_t, assigned_t, top_k, tile, keep_h, activation),
+                      logits)
     x2 = _token_rows(x, d)
     if on_kernels(x2):
         reference._check_expert_weights(x2, w1, w2)
@@ -524,11 +536,12 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         _check_kernel_top_k("top_k", top_k, x2.shape[0])
         if E <= ROUTER_MAX_EXPERTS:  # R's kernels; past them the router's top-K in torch, below
             keep_h = _grad_enabled_for(x2, router_weight, w1, w2)
-            outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits)
+            outs = _MoELayer.apply(x2, router_weight, w1, w2, top_k, routing, keep_h, return_router_logits,
+                                   activation)
             return result(*outs) if return_router_logits else result(outs, None)
     logits = F.linear(x2, router_weight)
     scores, experts = scores_from_logits(logits.float(), top_k, routing)
-    return result(moe_routed(x2, w1, w2, scores, experts), logits)
+    return result(moe_routed(x2, w1, w2, scores, experts, activation=activation), logits)
 
 
 def router_scores_backward(logits, scores, experts, grad_scores, routing, num_experts=None):

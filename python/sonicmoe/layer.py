@@ -8,13 +8,15 @@ import torch
 from torch import nn
 
 from . import reference
+from ._ops import check_activation
 from .functional import moe
 
 __all__ = ["MoE"]
 
 
 class MoE(nn.Module):
-    """Mixture-of-Experts block with SwiGLU experts (docs/design.md §2).
+    """Mixture-of-Experts block with gated experts (docs/design.md §2): A = act(gate) * up, act by
+    activation: "swiglu" (silu, the default), "geglu" (GELU's tanh form) or "reglu" (relu).
 
     Parameters, in the Hugging Face / torchtitan layout so weights drop in:
     router_weight (E, d); w1 (E, 2n, d), rows [0, n) gate and [n, 2n) up; w2 (E, d, n).
@@ -29,9 +31,10 @@ class MoE(nn.Module):
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k,
                  routing="topk_softmax", tile=128, rule="nearest", device=None, dtype=None,
-                 return_router_logits=False):
+                 return_router_logits=False, activation="swiglu"):
         super().__init__()
         reference._check_routing(routing, dense_ok=True)
+        self.activation = check_activation(activation)
         self.top_k = reference._check_top_k(top_k, num_experts)
         self.routing = routing
         self.tile = tile
@@ -56,8 +59,10 @@ class MoE(nn.Module):
         if routing == "token_rounding" and not self.training:
             routing = "softmax_topk"
         return moe(x, self.router_weight, self.w1, self.w2, self.top_k, routing=routing,
-                   tile=self.tile, rule=self.rule, return_router_logits=self.return_router_logits)
+                   tile=self.tile, rule=self.rule, return_router_logits=self.return_router_logits,
+                   activation=self.activation)
 
     def extra_repr(self):
         E, d, n = self.w2.shape
-        return f"hidden_size={d}, intermediate_size={n}, num_experts={E}, top_k={self.top_k}, routing={self.routing!r}"
+        return (f"hidden_size={d}, intermediate_size={n}, num_experts={E}, top_k={self.top_k}, "
+                f"routing={self.routing!r}, activation={self.activation!r}")

@@ -63,7 +63,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import reference
-from ._ops import ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, combine_dx, on_kernels, router_topk
+from ._ops import (GLU_ACTIVATIONS, ROUTER_MAX_EXPERTS, ROUTER_MAX_TOP_K, check_activation, combine_dx, on_kernels,
+                   router_topk)
 from .functional import _kernel_rows, moe, moe_routed
 from .layer import MoE
 from .routing import _INT32_MAX, scores_from_logits
@@ -79,7 +80,7 @@ __all__ = [
 
 # Header each rank sends to every rank in the count exchange: error flag, then the config that
 # must agree across the EP group (a mismatch would misread rows or hang in the row exchange).
-_HEADER = ("error", "d", "E", "n", "top_k", "routing", "dtype")
+_HEADER = ("error", "d", "E", "n", "top_k", "routing", "dtype", "activation")
 _ROUTING_CODES = {None: 0, "topk_softmax": 1, "softmax_topk": 2, "softmax_topk_norm": 3}
 _DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3, torch.float64: 4}
 
@@ -310,13 +311,15 @@ def _input_error(x, router_weight, w1, w2, scores=None, experts=None):
     return None
 
 
-def moe_routed_expert_parallel(x, w1, w2, scores, experts, num_experts, group):
+def moe_routed_expert_parallel(x, w1, w2, scores, experts, num_experts, group, *, activation="swiglu"):
     """sonicmoe.moe_routed across an EP group, for any router's decisions.
 
     x: (T, d) this rank's tokens; w1 (E_local, 2n, d), w2 (E_local, d, n): this rank's experts,
     global ids [rank·E_local, (rank+1)·E_local); scores (T, K) and experts (T, K) global ids in
     [0, num_experts) (not range-checked: that would read them on the host). group: a ProcessGroup
-    or 1-D DeviceMesh. Gradients flow into x, w1, w2 and scores. Returns (T, d)."""
+    or 1-D DeviceMesh. activation: the experts' gated activation, as in sonicmoe.moe_routed (the
+    same on every rank). Gradients flow into x, w1, w2 and scores. Returns (T, d)."""
+    check_activation(activation)
     group, ep_size, ep_rank = _group_of(group)
     _check_ep_split(num_experts, ep_size, w1.shape[0] if w1.dim() == 3 else None)
     _check_group_device(group, w1.device, "w1")
@@ -324,12 +327,13 @@ def moe_routed_expert_parallel(x, w1, w2, scores, experts, num_experts, group):
     if ep_size == 1:  # nothing to exchange: the single-GPU call, global ids are local ids
         if error is not None:
             raise ValueError(error)
-        return moe_routed(x.reshape(-1, x.shape[-1]), w1, w2, scores, experts)
+        return moe_routed(x.reshape(-1, x.shape[-1]), w1, w2, scores, experts, activation=activation)
     header = [int(error is not None), x.shape[-1] if error is None else -1, num_experts, w2.shape[-1],
-              experts.shape[-1] if error is None else -1, 0, _DTYPE_CODES.get(getattr(x, "dtype", None), 0)]
+              experts.shape[-1] if error is None else -1, 0, _DTYPE_CODES.get(getattr(x, "dtype", None), 0),
+              GLU_ACTIVATIONS[activation]]
 
     def run_local(rows, row_scores, ids):
-        return moe_routed(rows, w1, w2, row_scores, ids)
+        return moe_routed(rows, w1, w2, row_scores, ids, activation=activation)
 
     x2 = x.reshape(-1, x.shape[-1]) if error is None else None
     return _dispatch_combine(x2, scores, experts, num_experts, group, ep_size, ep_rank, header, error, run_local,
@@ -341,10 +345,12 @@ class LocalExperts(nn.Module):
     that FSDP2 can shard it over another mesh than the router (fully_shard_moe); forward runs
     moe_routed on received rows, or, given router_weight (an EP group of one rank, where it holds
     every expert), the whole single-GPU layer sonicmoe.moe on the rank's tokens. Either way
-    through forward, where FSDP2 gathers the weights in its pre-forward hook."""
+    through forward, where FSDP2 gathers the weights in its pre-forward hook. activation: the
+    experts' gated activation (sonicmoe.MoE's)."""
 
-    def __init__(self, local_experts, hidden_size, intermediate_size, device=None, dtype=None):
+    def __init__(self, local_experts, hidden_size, intermediate_size, device=None, dtype=None, activation="swiglu"):
         super().__init__()
+        self.activation = check_activation(activation)
         factory = {"device": device, "dtype": dtype}
         self.w1 = nn.Parameter(torch.empty(local_experts, 2 * intermediate_size, hidden_size, **factory))
         self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, intermediate_size, **factory))
@@ -353,12 +359,12 @@ class LocalExperts(nn.Module):
                 return_router_logits=False):
         if router_weight is not None:
             return moe(rows, router_weight, self.w1, self.w2, top_k, routing=routing,
-                       return_router_logits=return_router_logits)
-        return moe_routed(rows, self.w1, self.w2, scores, local_ids)
+                       return_router_logits=return_router_logits, activation=self.activation)
+        return moe_routed(rows, self.w1, self.w2, scores, local_ids, activation=self.activation)
 
     def extra_repr(self):
         E, d, n = self.w2.shape
-        return f"local_experts={E}, hidden_size={d}, intermediate_size={n}"
+        return f"local_experts={E}, hidden_size={d}, intermediate_size={n}, activation={self.activation!r}"
 
 
 class ExpertParallelMoE(nn.Module):
@@ -370,25 +376,32 @@ class ExpertParallelMoE(nn.Module):
     or directly (then initialise the router identically on every rank).
 
     routing: topk_softmax, softmax_topk or softmax_topk_norm; token_rounding is refused (it needs
-    the global per-expert counts). return_router_logits as in MoE (the rank's tokens' logits).
+    the global per-expert counts). return_router_logits and activation as in MoE (the rank's
+    tokens' logits; the experts' gated activation, held by experts).
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, ep_mesh, routing="topk_softmax",
-                 device=None, dtype=None, return_router_logits=False):
+                 device=None, dtype=None, return_router_logits=False, activation="swiglu"):
         super().__init__()
         if routing == "token_rounding":
             raise ValueError("routing = 'token_rounding' breaks the rule: not supported under expert parallelism "
                              "(rounding each expert's count to a tile needs the global per-expert counts before "
                              "any token is assigned); use topk_softmax, softmax_topk or softmax_topk_norm")
         reference._check_routing(routing)
+        check_activation(activation)
         self.top_k = reference._check_top_k(top_k, num_experts)
         group, ep_size, ep_rank = _group_of(ep_mesh)
         _check_ep_split(num_experts, ep_size)
         self.ep_mesh, self.ep_group, self.ep_size, self.ep_rank = ep_mesh, group, ep_size, ep_rank
         self.num_experts, self.routing, self.return_router_logits = num_experts, routing, return_router_logits
         self.router_weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device, dtype=dtype))
-        self.experts = LocalExperts(num_experts // ep_size, hidden_size, intermediate_size, device, dtype)
+        self.experts = LocalExperts(num_experts // ep_size, hidden_size, intermediate_size, device, dtype,
+                                    activation=activation)
         self.reset_parameters()
+
+    @property
+    def activation(self):
+        return self.experts.activation
 
     def reset_parameters(self):
         # MoE's init (nn.Linear's default); from_moe copies a full layer's slice instead.
@@ -409,7 +422,7 @@ class ExpertParallelMoE(nn.Module):
             raise TypeError(f"moe = {type(moe).__name__} breaks the rule: must be a sonicmoe.MoE")
         E, d, n = moe.w2.shape
         layer = cls(d, n, E, moe.top_k, ep_mesh, routing=moe.routing, device="meta", dtype=moe.w2.dtype,
-                    return_router_logits=moe.return_router_logits)
+                    return_router_logits=moe.return_router_logits, activation=moe.activation)
         rows = layer.local_expert_range
         with torch.no_grad():
             layer.router_weight = nn.Parameter(moe.router_weight.detach().clone(),
@@ -432,7 +445,8 @@ class ExpertParallelMoE(nn.Module):
                                 return_router_logits=self.return_router_logits)
         d = x.shape[-1] if error is None else -1
         header = [int(error is not None), d, self.num_experts, w2.shape[-1], self.top_k,
-                  _ROUTING_CODES[self.routing], _DTYPE_CODES.get(getattr(x, "dtype", None), 0)]
+                  _ROUTING_CODES[self.routing], _DTYPE_CODES.get(getattr(x, "dtype", None), 0),
+                  GLU_ACTIVATIONS[self.activation]]
         scores = experts = logits = x2 = None
         if error is None:
             x2 = x.reshape(-1, d)
@@ -444,7 +458,7 @@ class ExpertParallelMoE(nn.Module):
 
     def extra_repr(self):
         return (f"num_experts={self.num_experts}, top_k={self.top_k}, routing={self.routing!r}, "
-                f"ep_size={self.ep_size}, ep_rank={self.ep_rank}")
+                f"activation={self.activation!r}, ep_size={self.ep_size}, ep_rank={self.ep_rank}")
 
 
 def parallelize_moe(model: nn.Module, ep_mesh) -> nn.Module:

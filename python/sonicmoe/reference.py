@@ -7,11 +7,13 @@ the host (it reads per-expert token counts to slice the sorted rows).
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
 import torch.nn.functional as F
 
+from ._ops import GLU_ACTIVATIONS, check_activation
 from .routing import RoutingMetadata, scores_from_logits, token_rounding
 
 __all__ = [
@@ -23,6 +25,11 @@ __all__ = [
     "moe",
     "up_projection",
     "expert_backward",
+    "GLU_ACTIVATIONS",
+    "glu_activation",
+    "glu_activation_grad",
+    "glu",
+    "glu_backward",
 ]
 
 ROUTING_MODES = ("topk_softmax", "softmax_topk", "softmax_topk_norm")
@@ -58,6 +65,42 @@ def _check_top_k(top_k: int, num_experts: int) -> int:
 def _check_same_dtype(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
     if t.dtype != x.dtype:
         raise ValueError(f"{name}: expected dtype {x.dtype} (the dtype of x), got {t.dtype}")
+
+
+# GELU's tanh form: 0.5 g (1 + tanh(c (g + k g^3))), c = sqrt(2 / pi), as F.gelu(g, approximate="tanh").
+_GELU_TANH_C = math.sqrt(2.0 / math.pi)
+_GELU_TANH_K = 0.044715
+
+
+def glu_activation(gate: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
+    """act(gate) of the gated activation (GLU_ACTIVATIONS): silu for "swiglu", GELU's tanh form
+    for "geglu", relu for "reglu"; differentiable through autograd."""
+    check_activation(activation)
+    if activation == "swiglu":
+        return F.silu(gate)
+    if activation == "geglu":
+        return F.gelu(gate, approximate="tanh")
+    return F.relu(gate)
+
+
+def glu_activation_grad(gate: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
+    """act'(gate), analytically, as K4's epilogue computes it: silu' = sig (1 + g (1 - sig));
+    GELU-tanh' = 0.5 (1 + t) + 0.5 g (1 - t^2) c (1 + 3 k g^2), t = tanh(c (g + k g^3));
+    relu' = 1 where g > 0, else 0."""
+    check_activation(activation)
+    if activation == "swiglu":
+        sig = torch.sigmoid(gate)
+        return sig * (1 + gate * (1 - sig))
+    if activation == "geglu":
+        t = torch.tanh(_GELU_TANH_C * (gate + _GELU_TANH_K * gate * gate * gate))
+        return 0.5 * (1 + t) + 0.5 * gate * (1 - t * t) * _GELU_TANH_C * (1 + 3 * _GELU_TANH_K * gate * gate)
+    return (gate > 0).to(gate.dtype)
+
+
+def glu(h: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
+    """A = act(gate) * up for H = [gate | up] (rows, 2n) in column order: K1's epilogue math."""
+    n = h.shape[-1] // 2
+    return glu_activation(h[..., :n], activation) * h[..., n:]
 
 
 def route(
@@ -124,8 +167,10 @@ def moe_routed(
     w2: torch.Tensor,
     scores: torch.Tensor,
     experts: torch.Tensor,
+    *,
+    activation: str = "swiglu",
 ) -> torch.Tensor:
-    """Expert MLPs (SwiGLU) for given routing decisions.
+    """Expert MLPs (gated: SwiGLU, GeGLU or ReGLU) for given routing decisions.
 
     Args:
         x: (T, d) tokens (callers flatten leading batch dims).
@@ -133,11 +178,13 @@ def moe_routed(
         w2: (E, d, n) down projection.
         scores: (T, K) routing weights; gradients flow into them.
         experts: (T, K) integer expert ids in [0, E).
+        activation: one of GLU_ACTIVATIONS (glu_activation).
 
     Returns:
-        (T, d): out[t] = sum_k scores[t, k] * w2[e] @ (silu(h_gate) * h_up),
+        (T, d): out[t] = sum_k scores[t, k] * w2[e] @ (act(h_gate) * h_up),
         h = w1[e] @ x[t], e = experts[t, k].
     """
+    check_activation(activation)
     check_routed_args(x, w1, w2, scores, experts)
     T, d = x.shape
     E, _, n = w2.shape
@@ -163,8 +210,7 @@ def moe_routed(
     ys = []
     for e, rows in enumerate(x_sorted.split(counts)):
         h = rows @ w1[e].T
-        a = F.silu(h[:, :n]) * h[:, n:]
-        ys.append(a @ w2[e].T)
+        ys.append(glu(h, activation) @ w2[e].T)
     y_sorted = torch.cat(ys) if ys else x.new_zeros(0, d)
 
     # Undo the sort and combine by gathering, not scattering: deterministic, like K3.
@@ -200,9 +246,13 @@ def moe_dense_routed(
     w2: torch.Tensor,
     scores: torch.Tensor,
     assigned: torch.Tensor,
+    *,
+    activation: str = "swiglu",
 ) -> torch.Tensor:
     """Expert MLPs for dense routing: out[t] = sum over e with assigned[t, e] of
-    scores[t, e] * w2[e] @ (silu(h_gate) * h_up), h = w1[e] @ x[t]. scores, assigned: (T, E)."""
+    scores[t, e] * w2[e] @ (act(h_gate) * h_up), h = w1[e] @ x[t]. scores, assigned: (T, E);
+    activation as in moe_routed."""
+    check_activation(activation)
     T, d, E, n = _check_expert_weights(x, w1, w2)
     for name, t in (("scores", scores), ("assigned", assigned)):
         if _shape(t) != (T, E):
@@ -215,8 +265,7 @@ def moe_dense_routed(
     for e in range(E):
         tokens = assigned[:, e].nonzero().squeeze(1)
         h = x[tokens] @ w1[e].T
-        a = F.silu(h[:, :n]) * h[:, n:]
-        parts.append(scores[tokens, e].to(x.dtype).unsqueeze(1) * (a @ w2[e].T))
+        parts.append(scores[tokens, e].to(x.dtype).unsqueeze(1) * (glu(h, activation) @ w2[e].T))
         rows.append(tokens)
     return x.new_zeros(T, d).index_add(0, torch.cat(rows), torch.cat(parts))
 
@@ -231,12 +280,14 @@ def moe(
     *,
     tile: int = 128,
     rule: str = "nearest",
+    activation: str = "swiglu",
 ) -> torch.Tensor:
     """Full MoE layer: route, then the expert MLPs. x is (..., d); the output has x's shape.
 
-    tile and rule apply to routing="token_rounding" only.
+    tile and rule apply to routing="token_rounding" only; activation as in moe_routed.
     """
     _check_routing(routing, dense_ok=True)
+    check_activation(activation)
     if x.dim() < 1:
         raise ValueError(f"x: expected shape (..., d), got shape {_shape(x)}")
     d = x.shape[-1]
@@ -251,9 +302,9 @@ def moe(
     x2 = x.reshape(-1, d)
     if routing == "token_rounding":
         scores, assigned = route_token_rounding(x2, router_weight, top_k, tile, rule)
-        return moe_dense_routed(x2, w1, w2, scores, assigned).reshape(x.shape)
+        return moe_dense_routed(x2, w1, w2, scores, assigned, activation=activation).reshape(x.shape)
     scores, experts = route(x2, router_weight, top_k, routing)
-    return moe_routed(x2, w1, w2, scores, experts).reshape(x.shape)
+    return moe_routed(x2, w1, w2, scores, experts, activation=activation).reshape(x.shape)
 
 
 # ------------------------------------------------------------------------------------------
@@ -270,7 +321,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def up_projection(x: torch.Tensor, w1: torch.Tensor, meta: RoutingMetadata) -> torch.Tensor:
     """H (T*K, 2n) in the sorted layout: H[r] = w1[e] @ x[gather_idx[r]] for rows r of expert e
-    (K1's product before its SwiGLU epilogue; what the forward keeps)."""
+    (K1's product before its gated activation's epilogue; what the forward keeps)."""
     dtype = _compute_dtype(x)
     xs = x.to(dtype)[meta.gather_idx.long()]
     h = xs.new_empty(xs.shape[0], w1.shape[1])
@@ -281,13 +332,14 @@ def up_projection(x: torch.Tensor, w1: torch.Tensor, meta: RoutingMetadata) -> t
     return h
 
 
-def swiglu_backward(h: torch.Tensor, d_a: torch.Tensor) -> torch.Tensor:
-    """dH = dSwiGLU(dA, H): the gradient through a = silu(gate) * up, for H = [gate | up] (rows, 2n)
-    in column order and dA (rows, n); K4's epilogue math."""
+def glu_backward(h: torch.Tensor, d_a: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
+    """dH = dGLU(dA, H): the gradient through a = act(gate) * up, for H = [gate | up] (rows, 2n)
+    in column order and dA (rows, n): [dA * up * act'(gate), dA * act(gate)], act' analytic
+    (glu_activation_grad); K4's epilogue math."""
     n = d_a.shape[1]
     gate, up = h[:, :n], h[:, n:]
-    sig = torch.sigmoid(gate)
-    return torch.cat([d_a * up * sig * (1 + gate * (1 - sig)), d_a * gate * sig], dim=1)
+    return torch.cat([d_a * up * glu_activation_grad(gate, activation), d_a * glu_activation(gate, activation)],
+                     dim=1)
 
 
 def expert_backward(
@@ -298,12 +350,14 @@ def expert_backward(
     scores: torch.Tensor,
     meta: RoutingMetadata,
     grad_out: torch.Tensor,
+    activation: str = "swiglu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of moe_routed from x, H, the scores and the metadata only: no Y, no A and no
     gathered x or dO are kept from the forward (docs/design.md §3).
 
     x (T, d); h (T*K, 2n) sorted layout (up_projection); w1 (E, 2n, d); w2 (E, d, n);
-    scores (T, K); meta from routing_metadata(experts, E); grad_out (T, d).
+    scores (T, K); meta from routing_metadata(experts, E); grad_out (T, d); activation the
+    forward's (GLU_ACTIVATIONS).
     Returns dx (T, d), dw1 (E, 2n, d), dw2 (E, d, n), dscores (T, K), in the compute dtype.
     An expert with no rows gets exactly zero weight gradients.
     """
@@ -320,16 +374,15 @@ def expert_backward(
     w1c, w2c, hc = w1.to(dtype), w2.to(dtype), h.to(dtype)
 
     # K4: dA' = dO[gather] @ w2[e] (the gather is in the A load), then the epilogue:
-    # recompute A from H, dS = <dA', A> per row, dH = dSwiGLU(s * dA', H), A' = s * A.
+    # recompute A from H, dS = <dA', A> per row, dH = dGLU(s * dA', H), A' = s * A.
     d_out = grad_out.to(dtype)[tokens]
     d_a_prime = d_out.new_empty(M, n)
     for e in range(E):
         lo, hi = bounds[e], bounds[e + 1]
         d_a_prime[lo:hi] = d_out[lo:hi] @ w2c[e]
-    gate, up = hc[:, :n], hc[:, n:]
-    a = gate * torch.sigmoid(gate) * up
+    a = glu(hc, activation)
     d_score_rows = (d_a_prime * a).sum(dim=1)
-    d_h = swiglu_backward(hc, row_score.unsqueeze(1) * d_a_prime)
+    d_h = glu_backward(hc, row_score.unsqueeze(1) * d_a_prime, activation)
     a_scaled = row_score.unsqueeze(1) * a
 
     # K5: dW2[e] = dO[gather]^T A'; K7: dW1[e] = dH^T x[gather] (varlen-K, gather along K);

@@ -27,6 +27,7 @@ from sonicmoe.functional import router_scores_backward
 
 _NAN = float("nan")
 _ROUTER_MODE_NAMES = {v: k for k, v in _ops.ROUTER_MODES.items()}
+_ACTIVATION_NAMES = {v: k for k, v in _ops.GLU_ACTIVATIONS.items()}
 
 
 def _bounds(expert_offsets, m_total, partial_rows):
@@ -64,24 +65,26 @@ def grouped_gemm_kn(a, b, expert_offsets, partial_rows=False, tile_config=0, add
     return _rows_by_expert(a.shape[0], b.shape[2], expert_offsets, partial_rows, rows)
 
 
-def up_proj(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False, tile_config=0):
+def up_proj(x, w1, expert_offsets, gather_idx, keep_h=True, partial_rows=False, tile_config=0, activation=0):
     m, n = gather_idx.shape[0], w1.shape[1] // 2
     rows = gather_idx.long()
     h = _rows_by_expert(m, 2 * n, expert_offsets, partial_rows,
                         lambda e, lo, hi: x[rows[lo:hi]].float() @ w1[e].float().t(), dtype=torch.float32)
-    a = (F.silu(h[:, :n]) * h[:, n:]).bfloat16()  # from the fp32 accumulators, as K1
+    a = reference.glu(h, _ACTIVATION_NAMES[activation]).bfloat16()  # from the fp32 accumulators, as K1
     h = _ops.h_column_order(h.bfloat16()) if keep_h else h.new_empty((0, 2 * n), dtype=torch.bfloat16)
     return h, a
 
 
-def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config=0):
+def down_proj_grad(d_out, w2, h, row_score, expert_offsets, gather_idx, partial_rows=False, tile_config=0,
+                   activation=0):
     m, n = gather_idx.shape[0], w2.shape[2]
     rows = gather_idx.long()
     d_a_prime = _rows_by_expert(m, n, expert_offsets, partial_rows,
                                 lambda e, lo, hi: d_out[rows[lo:hi]].float() @ w2[e].float(), dtype=torch.float32)
     hc = _ops.h_column_order(h).float()
-    a = F.silu(hc[:, :n]) * hc[:, n:]
-    d_h = reference.swiglu_backward(hc, row_score[:, None] * d_a_prime).bfloat16()
+    name = _ACTIVATION_NAMES[activation]
+    a = reference.glu(hc, name)
+    d_h = reference.glu_backward(hc, row_score[:, None] * d_a_prime, name).bfloat16()
     a_scaled = (row_score[:, None] * a).bfloat16()
     slots = (n + 127) // 128
     d_score_partial = F.pad(d_a_prime * a, (0, slots * 128 - n)).view(m, slots, 128).sum(-1)

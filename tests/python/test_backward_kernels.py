@@ -54,10 +54,12 @@ def test_grouped_gemm_kn(k, n_out, E, tile_config, addend):
         assert torch.equal(zero, (scale[:, None] * rows[expert].float()).bfloat16())
 
 
-def check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows=0):
+def check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows=0, activation="swiglu"):
     """K4 against its fp32 spec from the same H. tail_rows > 0 runs it on partial_rows buffers
-    (token rounding's): M_total = T*K + tail_rows, and expert_offsets[E] stops at T*K."""
-    gen = generator("k4", T, d, n, E, K, tail_rows)
+    (token rounding's): M_total = T*K + tail_rows, and expert_offsets[E] stops at T*K. activation:
+    the gated activation K4 differentiates (H itself does not depend on it)."""
+    gen = generator("k4", T, d, n, E, K, tail_rows) if activation == "swiglu" else \
+        generator("k4", T, d, n, E, K, tail_rows, activation)
     x = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
     w1 = (torch.randn(E, 2 * n, d, device="cuda", generator=gen) * d**-0.5).bfloat16()
     w2 = (torch.randn(E, d, n, device="cuda", generator=gen) * n**-0.5).bfloat16()
@@ -76,18 +78,19 @@ def check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows=0):
         gather_in = torch.cat([meta.gather_idx, torch.randint(0, T, (tail_rows,), device="cuda", generator=gen,
                                                               dtype=torch.int32)])
     d_h, a_scaled, ds_part = sonicmoe.down_proj_grad(d_out, w2, h_in, row_score_in, meta.expert_offsets, gather_in,
-                                                     partial_rows=tail_rows > 0, tile_config=tile_config)
+                                                     partial_rows=tail_rows > 0, tile_config=tile_config,
+                                                     activation=activation)
     d_h, a_scaled, ds_part = d_h[:valid], a_scaled[:valid], ds_part[:valid]
     # fp32 spec from the same H
     hf = sonicmoe.h_column_order(h).float()
     gate, up = hf[:, :n], hf[:, n:]
-    a = F.silu(gate) * up
+    a = sonicmoe.reference.glu_activation(gate, activation) * up
     d_out_rows = d_out.float()[meta.gather_idx.long()]
     d_a_prime = torch.empty_like(a)
     bounds = meta.expert_offsets.tolist()
     for e in range(E):
         d_a_prime[bounds[e]:bounds[e + 1]] = d_out_rows[bounds[e]:bounds[e + 1]] @ w2[e].float()
-    want_d_h = sonicmoe.reference.swiglu_backward(hf, row_score[:, None] * d_a_prime)
+    want_d_h = sonicmoe.reference.glu_backward(hf, row_score[:, None] * d_a_prime, activation)
     assert rel(d_h, want_d_h) <= 1e-2
     assert rel(a_scaled, row_score[:, None] * a) <= 1e-2
     assert rel(ds_part.sum(1), (d_a_prime * a).sum(1)) <= 1e-2
@@ -119,3 +122,19 @@ def test_down_proj_grad_auto(T, d, n, E, K):
 @pytest.mark.parametrize("T,d,n,E,K,tail_rows", [(300, 256, 256, 8, 2, 77), (200, 4096, 512, 8, 2, 200)])
 def test_down_proj_grad_partial_rows(T, d, n, E, K, tail_rows, tile_config):
     check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows)
+
+
+# GeGLU and ReGLU on every varlen configuration over a few shapes (SwiGLU runs the full matrix
+# above; only the epilogue's math differs): a partial n tile (n 200), several tiles a CTA
+# (8192 x 1024), and token rounding's partial_rows buffers.
+@K4_CONFIGS
+@pytest.mark.parametrize("activation", ["geglu", "reglu"])
+@pytest.mark.parametrize("T,d,n,E,K,tail_rows", [(300, 256, 200, 8, 2, 0), (8192, 256, 1024, 4, 2, 0),
+                                                 (300, 256, 256, 8, 2, 77)])
+def test_down_proj_grad_gated_activations(T, d, n, E, K, tail_rows, activation, tile_config):
+    check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows, activation)
+
+
+@pytest.mark.parametrize("activation", ["geglu", "reglu"])
+def test_down_proj_grad_gated_activations_auto(activation):
+    check_down_proj_grad(200, 4096, 256, 8, 2, "auto", activation=activation)

@@ -169,6 +169,15 @@ def scenario_ep_modes(rank, world, failures):
         ref = _reference(moe, x, g)
         ep = sonicmoe.parallel.parallelize_moe(copy.deepcopy(moe), mesh)
         _compare(failures, f"ep {routing}", ep, *_run(ep, x, g), ref, 1e-5, world)
+    for activation in ("geglu", "reglu"):  # from_moe carries the experts' gated activation
+        torch.manual_seed(0)
+        moe = sonicmoe.MoE(D, N, E, K, routing="softmax_topk_norm", activation=activation)
+        x, g = _inputs(world, rank)
+        ref = _reference(moe, x, g)
+        ep = sonicmoe.parallel.parallelize_moe(copy.deepcopy(moe), mesh)
+        if ep.activation != activation or ep.experts.activation != activation:
+            failures.append(f"ep {activation}: the layer's activation is {ep.activation!r}")
+        _compare(failures, f"ep {activation}", ep, *_run(ep, x, g), ref, 1e-5, world)
 
 
 def scenario_ep_stack(rank, world, failures):
@@ -210,6 +219,11 @@ def scenario_ep_routed(rank, world, failures):
             failures.append(f"routed: {what} rel err {err:.2e}")
     if rank == world - 1 and (leaves[1].grad[-1].abs().max() != 0 or leaves[2].grad[-1].abs().max() != 0):
         failures.append("routed: the idle expert's gradient is not exactly zero")
+    # activation= reaches the owners' experts
+    y = sonicmoe.parallel.moe_routed_expert_parallel(x, w1[sl], w2[sl], scores, experts, E, mesh, activation="reglu")
+    ry = sonicmoe.moe_routed(x, w1, w2, scores, experts, activation="reglu")
+    if (err := rel_err(y, ry)) > 1e-5:
+        failures.append(f"routed reglu: out rel err {err:.2e}")
 
 
 def scenario_ep_edge(rank, world, failures):
@@ -387,6 +401,9 @@ def scenario_bad_input(rank, world, failures):
     other = parallelize_moe(copy.deepcopy(moe), mesh)
     other.top_k = K + rank
     _expect_error(failures, "config mismatch", lambda: other(x), "disagree", "top_k")
+    other = parallelize_moe(copy.deepcopy(moe), mesh)
+    other.experts.activation = "geglu" if rank == 0 else "swiglu"
+    _expect_error(failures, "activation mismatch", lambda: other(x), "disagree", "activation")
     # The group still works.
     y, _ = _run(ep, x, torch.zeros_like(x))
     if (err := rel_err(y, moe(x).detach())) > 1e-5:

@@ -27,3 +27,10 @@ def valid(E=4, T=30, m=40, d=64, n=32):
 def test_down_proj_grad_refuses_configurations_it_does_not_run_on(config, rule):
     with pytest.raises(ValueError, match=re.escape(f"down_proj_grad: config = {config} breaks the rule: {rule}")):
         torch.ops.sonicmoe.down_proj_grad(*valid(), False, config)
+
+
+@pytest.mark.parametrize("activation", [-1, 3])
+def test_down_proj_grad_refuses_an_activation_it_does_not_have(activation):
+    with pytest.raises(ValueError, match=re.escape(f"down_proj_grad: activation = {activation} breaks the rule: "
+                                                   "must be a GluActivation: 0 (SwiGLU), 1 (GeGLU) or 2 (ReGLU)")):
+        torch.ops.sonicmoe.down_proj_grad(*valid(), False, 0, activation)

@@ -22,6 +22,7 @@ from test_moe import eager_and_compiled, generator, make_layer, reference_top_k,
 pytestmark = requires_extension
 
 TOP_K_MODES = ["topk_softmax", "softmax_topk", "softmax_topk_norm"]
+ACTIVATIONS = list(sonicmoe.GLU_ACTIVATIONS)
 
 
 @pytest.fixture
@@ -42,17 +43,25 @@ def made_by(out, function):
     return node is not None
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("routing", TOP_K_MODES)
-def test_every_gradient_of_the_top_k_layer(kernels, routing):
+def test_every_gradient_of_the_top_k_layer(kernels, monkeypatch, routing, activation):
     leaves = layer_leaves(300, 128, 64, 8, "emulated-layer", routing)
     x, router, w1, w2 = leaves
-    out = sonicmoe.moe(x, router, w1, w2, 2, routing=routing)
+    calls = []  # the activation each of K1 and K4 is given
+    for name in ("up_proj", "down_proj_grad"):
+        def spy(*args, _name=name, _real=getattr(sonicmoe.functional, name), **kwargs):
+            calls.append((_name, kwargs.get("activation")))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(sonicmoe.functional, name, spy)
+    out = sonicmoe.moe(x, router, w1, w2, 2, routing=routing, activation=activation)
     assert made_by(out, "_MoELayer")  # the kernel path, not the reference
     g = torch.randn(out.shape, generator=generator("cpu", "g", routing))
     out.backward(g.to(out.dtype))
+    assert calls == [("up_proj", activation), ("down_proj_grad", activation)]
     with torch.no_grad():
         experts = sonicmoe.router_topk(F.linear(x, router), 2, routing)[1].long()
-    ref_out, ref = reference_top_k(leaves, experts, routing, g)
+    ref_out, ref = reference_top_k(leaves, experts, routing, g, activation=activation)
     assert rel(out.detach(), ref_out.detach()) <= 1e-2
     for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
         assert torch.isfinite(got.grad).all(), name
@@ -126,8 +135,10 @@ def test_router_dx_in_k6_where_d_logits_is_zero_off_the_chosen(kernels, monkeypa
             assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 2), (7, 4, 4), (500, 16, 3)])
-def test_moe_routed_gradients_with_empty_and_hot_experts(kernels, T, E, K):
+@pytest.mark.parametrize("T,E,K,activation", [(0, 8, 2, "swiglu"), (1, 8, 2, "swiglu"), (7, 4, 4, "swiglu"),
+                                              (500, 16, 3, "swiglu"), (7, 4, 4, "geglu"), (500, 16, 3, "geglu"),
+                                              (500, 16, 3, "reglu")])
+def test_moe_routed_gradients_with_empty_and_hot_experts(kernels, T, E, K, activation):
     d, n = 64, 48  # n % 32 != 0: H's trailing block stays in column order
     gen = generator("cpu", "emulated-routed", T, E, K)
     x, _, w1, w2 = make_layer(T, d, n, E, "cpu", gen)
@@ -138,10 +149,10 @@ def test_moe_routed_gradients_with_empty_and_hot_experts(kernels, T, E, K):
                           dim=1) if T else torch.zeros(0, K, dtype=torch.long)
     experts = experts.clamp(max=E // 2)
     leaves = [t.clone().requires_grad_(True) for t in (x, w1, w2, scores)]
-    out = sonicmoe.moe_routed(*leaves, experts)
+    out = sonicmoe.moe_routed(*leaves, experts, activation=activation)
     assert T == 0 or made_by(out, "_MoEExperts")
     ref_leaves = [t.detach().double().requires_grad_(True) for t in (x, w1, w2, scores)]
-    ref = reference.moe_routed(*ref_leaves, experts)
+    ref = reference.moe_routed(*ref_leaves, experts, activation=activation)
     assert out.shape == (T, d)
     if T == 0:
         return
@@ -156,14 +167,15 @@ def test_moe_routed_gradients_with_empty_and_hot_experts(kernels, T, E, K):
     assert not leaves[1].grad[idle:].any() and not leaves[2].grad[idle:].any()  # idle experts: exact zeros
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("tile,rule", [(64, "nearest"), (16, "up"), (32, "down")])
-def test_token_rounding_gradients(kernels, tile, rule):
+def test_token_rounding_gradients(kernels, tile, rule, activation):
     # The dense path: upper-bound buffers (rows past offsets[E] are NaN in the emulation, so a
     # consumer that read them would show it), combine_csr, the scores' gradient into (T, E).
     T, d, n, E, K = 200, 64, 64, 8, 2
     leaves = layer_leaves(T, d, n, E, "emulated-rounding", tile, rule)
     x, router, w1, w2 = leaves
-    out = sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding", tile=tile, rule=rule)
+    out = sonicmoe.moe(x, router, w1, w2, K, routing="token_rounding", tile=tile, rule=rule, activation=activation)
     assert made_by(out, "_MoEDenseExperts")
     g = torch.randn(out.shape, generator=generator("cpu", "g-rounding", tile, rule))
     out.backward(g.to(out.dtype))
@@ -172,7 +184,8 @@ def test_token_rounding_gradients(kernels, tile, rule):
     ref = [t.detach().double().requires_grad_(True) for t in leaves]
     rx, rrouter, rw1, rw2 = ref
     assigned = assigned_t.t()
-    ref_out = reference.moe_dense_routed(rx, rw1, rw2, (rx @ rrouter.t()).softmax(-1) * assigned, assigned)
+    ref_out = reference.moe_dense_routed(rx, rw1, rw2, (rx @ rrouter.t()).softmax(-1) * assigned, assigned,
+                                         activation=activation)
     ref_out.backward(g.double())
     assert rel(out.detach(), ref_out.detach()) <= 1e-2
     for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
@@ -318,6 +331,23 @@ def test_torch_compile_fullgraph_matches_eager(kernels, routing, backend):
         assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE[backend], name
 
 
+@pytest.mark.parametrize("activation", ["geglu", "reglu"])
+@pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
+def test_torch_compile_fullgraph_with_other_activations(kernels, routing, activation):
+    # The activation is a constant of the traced graph: the ops' fakes take it, and the compiled
+    # layer matches eager on the same ops.
+    T = 128
+    leaves = layer_leaves(T, 64, 32, 8, "emulated-compile-act", routing, activation)
+    g = torch.randn(T, 64, generator=generator("cpu", "g-compile-act", routing, activation)).bfloat16()
+    opts = dict(tile=T, rule="up") if routing == "token_rounding" else {}
+
+    def layer(x, router, w1, w2):
+        return sonicmoe.moe(x, router, w1, w2, 2, routing=routing, activation=activation, **opts)
+
+    for name, eager, compiled in compiled_against_eager(layer, leaves, g, "aot_eager"):
+        assert rel(compiled, eager.float()) <= COMPILE_TOLERANCE["aot_eager"], name
+
+
 @pytest.mark.parametrize("backend", list(COMPILE_TOLERANCE))
 def test_torch_compile_fullgraph_with_router_dx_in_k6(kernels, backend):
     # The fold's ops (router_backward_rows, grouped_gemm_kn's addend) trace by their fakes.
@@ -359,7 +389,8 @@ def test_token_rounding_experts_traced_match_eager(kernels, backend):
     g = torch.randn(T, d, generator=generator("cpu", "g-rounding-compile")).bfloat16()
 
     def dense(x, w1, w2, probs, probs_t, assigned_t):
-        return sonicmoe.functional._MoEDenseExperts.apply(x, w1, w2, probs, probs_t, assigned_t, K, tile, True)
+        return sonicmoe.functional._MoEDenseExperts.apply(x, w1, w2, probs, probs_t, assigned_t, K, tile, True,
+                                                          "swiglu")
 
     def layer(experts, leaves):
         # The routing stays eager, outside the graph: a compiled softmax may differ from eager's in

@@ -57,10 +57,10 @@ def eager_and_compiled(fn, compiled, leaves, grad, call=lambda f, leaves: f(*lea
     return zip(("out", "dx", "drouter", "dw1", "dw2"), *results)
 
 
-def reference_top_k(leaves, experts, routing, g, aux=None):
+def reference_top_k(leaves, experts, routing, g, aux=None, activation="swiglu"):
     """float64 autograd of the reference layer on leaves (x, router, w1, w2) with the given routing
     decisions (T, K), backward from g (plus aux(logits), an auxiliary router loss, where given):
-    its output and its leaves, which hold the gradients."""
+    its output and its leaves, which hold the gradients. activation: the experts' gated one."""
     ref = [t.detach().double().requires_grad_(True) for t in leaves]
     x, router, w1, w2 = ref
     logits = x @ router.t()
@@ -68,7 +68,7 @@ def reference_top_k(leaves, experts, routing, g, aux=None):
         scores = logits.softmax(-1).gather(1, experts)
     else:  # topk_softmax and softmax_topk_norm: the softmax over the chosen logits
         scores = logits.gather(1, experts).softmax(-1)
-    out = reference.moe_routed(x, w1, w2, scores, experts)
+    out = reference.moe_routed(x, w1, w2, scores, experts, activation=activation)
     loss = (out * g.double()).sum() + (aux(logits) if aux is not None else 0)
     loss.backward()
     return out, ref
@@ -236,7 +236,7 @@ def test_a_blackwell_gpu_is_refused_at_the_layers_entry(monkeypatch):
 
 # ------------------------------------------------------------------ GPU
 
-def check_routed(T, d, n, E, K, key, experts=None, grads=True):
+def check_routed(T, d, n, E, K, key, experts=None, grads=True, activation="swiglu"):
     gen = generator("cuda", *key)
     x, router, w1, w2 = make_layer(T, d, n, E, "cuda", gen)
     logits = (x.float() @ router.float().t())
@@ -244,9 +244,9 @@ def check_routed(T, d, n, E, K, key, experts=None, grads=True):
     experts = chosen if experts is None else experts
     leaves = [t.clone().requires_grad_(grads) for t in (x, w1, w2, scores)]
     torch.full((T * d,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
-    out = sonicmoe.moe_routed(*leaves, experts)
+    out = sonicmoe.moe_routed(*leaves, experts, activation=activation)
     ref_leaves = [t.detach().double().requires_grad_(grads) for t in (x, w1, w2, scores)]
-    ref = reference.moe_routed(*ref_leaves, experts)
+    ref = reference.moe_routed(*ref_leaves, experts, activation=activation)
     assert out.shape == (T, d) and torch.isfinite(out).all()
     if T:
         assert rel(out, ref) <= 1e-2
@@ -264,6 +264,51 @@ def check_routed(T, d, n, E, K, key, experts=None, grads=True):
 @pytest.mark.parametrize("E,K", [(1, 1), (8, 2), (128, 8), (256, 16)])
 def test_moe_routed_forward_backward(T, E, K):
     check_routed(T, 256, 128, E, K, ("routed", T, E, K))
+
+
+@requires_hopper
+@pytest.mark.parametrize("activation", ["geglu", "reglu"])
+@pytest.mark.parametrize("T,d,n,E,K", [(1000, 256, 128, 8, 2), (7, 256, 128, 128, 8), (600, 512, 1024, 16, 4),
+                                       (300, 72, 40, 4, 2)])
+def test_moe_routed_forward_backward_other_activations(T, d, n, E, K, activation):
+    # GeGLU and ReGLU in K1's and K4's epilogues against float64 autograd of the reference, with
+    # SwiGLU's tolerances; n 1024 takes the tail beside K5 / K7, n 40 a partial H block.
+    check_routed(T, d, n, E, K, ("routed-act", T, d, n, E, K, activation), activation=activation)
+
+
+@requires_hopper
+@pytest.mark.parametrize("activation", ["geglu", "reglu"])
+@pytest.mark.parametrize("routing", ["softmax_topk", "softmax_topk_norm", "token_rounding"])
+def test_every_gradient_of_the_layer_other_activations(routing, activation):
+    # sonicmoe.moe with GeGLU / ReGLU experts: _MoELayer (softmax_topk: the dense router GEMM;
+    # softmax_topk_norm: the router's part of dx in K6) and token rounding's _MoEDenseExperts,
+    # forward and every gradient against float64 autograd of the reference, the layer's routing.
+    gen = generator("cuda", "layer-grads-act", routing, activation)
+    T, K = 300, 2
+    leaves = [t.requires_grad_(True) for t in make_layer(T, 128, 64, 8, "cuda", gen)]
+    x, router, w1, w2 = leaves
+    opts = dict(tile=16) if routing == "token_rounding" else {}
+    out = sonicmoe.moe(x, router, w1, w2, K, routing=routing, activation=activation, **opts)
+    g = torch.randn(out.shape, device="cuda", generator=gen)
+    (out.float() * g).sum().backward()
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    if routing == "token_rounding":
+        with torch.no_grad():  # the layer's own assignment
+            _, _, assigned_t = sonicmoe.routing.token_rounding_expert_major(
+                torch.nn.functional.linear(x, router), K, 16, "nearest", fp32_probs=True)
+        rx, rrouter, rw1, rw2 = ref
+        assigned = assigned_t.t()
+        ref_out = reference.moe_dense_routed(rx, rw1, rw2, (rx @ rrouter.t()).softmax(-1) * assigned, assigned,
+                                             activation=activation)
+        ref_out.backward(g.double())
+    else:
+        with torch.no_grad():
+            experts = sonicmoe.router_topk(torch.nn.functional.linear(x, router), K, routing)[1].long()
+        ref_out, ref = reference_top_k(leaves, experts, routing, g, activation=activation)
+    assert rel(out, ref_out.detach()) <= 1e-2
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
 
 
 @requires_hopper
@@ -709,10 +754,12 @@ def test_backward_saves_only_x_h_scores_and_metadata():
 
 @requires_hopper
 @pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
-def test_torch_compile_fullgraph_forward_and_backward(routing):
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+def test_torch_compile_fullgraph_forward_and_backward(routing, activation):
     # The layer traces into one graph (no host sync, every op has a fake) and its compiled
     # forward and backward match eager, in both layer paths (token rounding's dense one too:
-    # there Inductor once gave every score gradient to the next expert).
+    # there Inductor once gave every score gradient to the next expert), the activation a
+    # constant of the graph.
     gen = generator("cuda", "compile", routing)
     T, d, n, E, K = 512, 256, 128, 16, 2
     leaves = [t.requires_grad_(True) for t in make_layer(T, d, n, E, "cuda", gen)]
@@ -724,7 +771,7 @@ def test_torch_compile_fullgraph_forward_and_backward(routing):
     opts = dict(tile=T, rule="up") if routing == "token_rounding" else dict(tile=64)
 
     def layer(x, router, w1, w2):
-        return sonicmoe.moe(x, router, w1, w2, K, routing=routing, **opts)
+        return sonicmoe.moe(x, router, w1, w2, K, routing=routing, activation=activation, **opts)
 
     for name, eager, comp in eager_and_compiled(layer, torch.compile(layer, fullgraph=True), leaves, grad):
         assert rel(comp, eager) <= 1e-2, name

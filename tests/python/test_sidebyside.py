@@ -35,3 +35,14 @@ def test_kernel_table_sums_calls_by_name(sidebyside, capsys):
     out = capsys.readouterr().out.splitlines()
     assert "11 µs of kernels" in out[0]
     assert out[1].split() == ["6.0", "µs", "2x", "k1"] and out[2].split() == ["5.0", "µs", "1x", "k2"]
+
+
+def test_an_activation_the_project_lacks_is_refused_before_anything_runs(sidebyside, monkeypatch):
+    import sonicmoe
+
+    assert sidebyside.ACTIVATIONS == tuple(sonicmoe.GLU_ACTIVATIONS)
+    with pytest.raises(ValueError, match="ACTIVATION = 'gelu' breaks the rule: must be one of swiglu, geglu, reglu"):
+        sidebyside.run(["olmoe-1b-7b"], impls=["project"], activation="gelu")
+    monkeypatch.setenv("ACTIVATION", "relu2")
+    with pytest.raises(ValueError, match="ACTIVATION = 'relu2' breaks the rule"):
+        sidebyside.run(["olmoe-1b-7b"], impls=["project"])

@@ -215,7 +215,8 @@ def test_token_rounding_backward_on_the_kernels(T, d, n, E, K, tile, rule, full_
     assert torch.equal(assigned_t.t(), assigned)
     grad = torch.randn(T, d, device="cuda", generator=gen).bfloat16()
     leaves = [t.detach().requires_grad_() for t in (x, w1, w2, probs if full_probs else scores)]
-    out = _MoEDenseExperts.apply(*leaves, probs_t if full_probs else scores.t(), assigned_t, K, tile, True)
+    out = _MoEDenseExperts.apply(*leaves, probs_t if full_probs else scores.t(), assigned_t, K, tile, True,
+                                  "swiglu")
     out.backward(grad)
     ref_leaves = [t.detach().float().requires_grad_() for t in (x, w1, w2, scores)]
     reference.moe_dense_routed(*ref_leaves, assigned).backward(grad.float())

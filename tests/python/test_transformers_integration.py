@@ -117,9 +117,9 @@ def count_moe_routed(monkeypatch):
     calls = []
     original = hf.moe_routed
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args[0].shape)
-        return original(*args)
+        return original(*args, **kwargs)
 
     monkeypatch.setattr(hf, "moe_routed", counted)
     return calls
@@ -230,6 +230,52 @@ def test_mixtral_jitter_in_training():
         assert rel(model.eval()(ids).logits, outs[0]) > 1e-4
 
 
+@requires_transformers
+@pytest.mark.parametrize("hidden_act,activation", [("silu", "swiglu"), ("gelu_pytorch_tanh", "geglu"),
+                                                   ("gelu_new", "geglu"), ("gelu_fast", "geglu"), ("relu", "reglu")])
+def test_experts_act_fn_picks_the_gated_activation(hidden_act, activation, monkeypatch):
+    # GELU's tanh form (whichever transformers class computes it) runs as GeGLU, ReLU as ReGLU:
+    # the swapped model's logits and gradients are the unswapped one's.
+    ref = tiny_model("qwen3_moe", hidden_act=hidden_act)
+    model = copy.deepcopy(ref)
+    report = hf.replace_moe_blocks(model)
+    assert len(report.swapped) == 2 and report.left_alone == []
+    assert all(model.get_submodule(name).experts.activation == activation for name, _, _ in report.swapped)
+    seen = []
+    original = hf.moe_routed
+    monkeypatch.setattr(hf, "moe_routed", lambda *a, **kw: seen.append(kw["activation"]) or original(*a, **kw))
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(6))
+    ref_out, ref_routing, ref_grads = run(ref, ids)
+    out, routing, grads = run(model, ids)
+    assert seen == [activation] * 2
+    assert_same_routing(ref_routing, routing)
+    assert rel(out.logits, ref_out.logits) < 1e-5
+    for name, want in ref_grads.items():
+        assert rel(grads[name], want) < 1e-5, name
+
+
+@requires_transformers
+@pytest.mark.parametrize("act_fn", [nn.GELU(), nn.GELU(approximate="tanh"), nn.ReLU(), nn.Tanh()],
+                         ids=["gelu-erf", "gelu-tanh", "relu", "tanh"])
+def test_act_fn_modules_map_or_are_named_in_the_report(act_fn):
+    model = tiny_model("olmoe")
+    for layer in model.model.layers:
+        layer.mlp.experts.act_fn = act_fn
+    report = hf.replace_moe_blocks(model)
+    want = {"GELU": None, "GELU-tanh": "geglu", "ReLU": "reglu", "Tanh": None}[
+        type(act_fn).__name__ + ("-tanh" if getattr(act_fn, "approximate", "") == "tanh" else "")]
+    if want is None:
+        assert report.swapped == [] and len(report.left_alone) == 2
+        reason = report.left_alone[0][2]
+        assert reason.startswith(f"experts.act_fn is {type(act_fn).__name__}"), reason
+        assert "GELU's tanh form as GeGLU" in reason
+        if isinstance(act_fn, nn.GELU):
+            assert "approximate='none'" in reason
+    else:
+        assert len(report.swapped) == 2
+        assert all(model.get_submodule(name).experts.activation == want for name, _, _ in report.swapped)
+
+
 class _OtherMoE(nn.Module):
     """An MoE block this integration does not know."""
 
@@ -242,7 +288,7 @@ class _OtherMoE(nn.Module):
 @requires_transformers
 def test_unknown_and_unmappable_blocks_are_left_alone():
     model = tiny_model("qwen3_moe")
-    model.model.layers[1].mlp.experts.act_fn = nn.GELU()  # not SwiGLU: cannot be mapped exactly
+    model.model.layers[1].mlp.experts.act_fn = nn.GELU()  # erf GELU: no gated activation of the kernels
     model.extra = _OtherMoE()
     original = model.model.layers[1].mlp
     with pytest.raises(ValueError, match="left alone"):

@@ -1,8 +1,8 @@
-"""torch.ops.sonicmoe.up_proj (K1: gather + grouped GEMM + SwiGLU) on the GPU against fp32."""
+"""torch.ops.sonicmoe.up_proj (K1: gather + grouped GEMM + a gated activation: SwiGLU, GeGLU,
+ReGLU) on the GPU against fp32."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import sonicmoe
 from conftest import ANCHOR_CONFIGS, requires_hopper
@@ -25,7 +25,7 @@ def make_inputs(counts, num_tokens, d, n, gen):
     return x, w1, offsets_from_counts(counts), gather_idx
 
 
-def reference(x, w1, offs, gather_idx):
+def reference(x, w1, offs, gather_idx, activation="swiglu"):
     n = w1.shape[1] // 2
     xs = x.float()[gather_idx.long()]
     h = torch.empty(xs.shape[0], 2 * n, device="cuda")
@@ -33,21 +33,21 @@ def reference(x, w1, offs, gather_idx):
     for e in range(w1.shape[0]):
         lo, hi = bounds[e], bounds[e + 1]
         h[lo:hi] = xs[lo:hi] @ w1[e].float().t()
-    return h, F.silu(h[:, :n]) * h[:, n:]
+    return h, sonicmoe.reference.glu(h, activation)
 
 
 def rel_err(out, ref):
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def check(x, w1, offs, gather_idx, keep_h=True, tile_config="auto"):
-    h_ref, a_ref = reference(x, w1, offs, gather_idx)
+def check(x, w1, offs, gather_idx, keep_h=True, tile_config="auto", activation="swiglu"):
+    h_ref, a_ref = reference(x, w1, offs, gather_idx, activation)
     m, n = gather_idx.shape[0], w1.shape[1] // 2
     # Outputs come from the caching allocator: leave NaN-filled blocks of their sizes behind
     # so anything the kernel fails to write shows up.
     torch.full((m * 2 * n,), float("nan"), device="cuda", dtype=torch.bfloat16)
     torch.full((m * n,), float("nan"), device="cuda", dtype=torch.bfloat16)
-    h, a = sonicmoe.up_proj(x, w1, offs, gather_idx, keep_h=keep_h, tile_config=tile_config)
+    h, a = sonicmoe.up_proj(x, w1, offs, gather_idx, keep_h=keep_h, tile_config=tile_config, activation=activation)
     torch.cuda.synchronize()
     assert a.shape == (m, n) and a.dtype == torch.bfloat16
     assert h.shape == ((m if keep_h else 0), 2 * n)
@@ -109,6 +109,26 @@ def test_d_and_n_not_multiples_of_the_tile(d, n, tile_config):
     check(*make_inputs(random_counts(600, 4, gen), 333, d, n, gen), tile_config=tile_config)
 
 
+# GeGLU and ReGLU on every varlen configuration over a few shapes (SwiGLU runs the full matrix
+# above; the epilogue's math is the only difference): a partial N block (n 40), several tiles a
+# CTA (n 256, 64 experts), a clustered tile's shape (d 4096), empty experts.
+@VARLEN_CONFIGS
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "reglu"])
+@pytest.mark.parametrize("m_total,E,T,d,n", [(600, 4, 333, 72, 40), (64 * 300, 64, 2000, 1024, 256),
+                                             (1500, 16, 400, 4096, 128), (3037, 128, 1000, 256, 192)])
+def test_gated_activations(m_total, E, T, d, n, activation, tile_config):
+    gen = generator("up-act", m_total, E, d, n, activation)
+    check(*make_inputs(random_counts(m_total, E, gen), T, d, n, gen), tile_config=tile_config, activation=activation)
+
+
+@pytest.mark.parametrize("activation", ["geglu", "reglu"])
+def test_gated_activations_auto_and_without_h(activation):
+    gen = generator("up-act-auto", activation)
+    args = make_inputs(random_counts(2000, 32, gen), 700, 2048, 768, gen)
+    check(*args, activation=activation)
+    check(*args, keep_h=False, activation=activation)
+
+
 def test_without_h():
     gen = generator("up-no-h")
     check(*make_inputs(random_counts(1500, 16, gen), 400, 256, 256, gen), keep_h=False)
@@ -127,6 +147,8 @@ def test_opcheck():
     args = make_inputs(random_counts(300, 8, gen), 100, 128, 64, gen)
     torch.library.opcheck(torch.ops.sonicmoe.up_proj, args)
     torch.library.opcheck(torch.ops.sonicmoe.up_proj, (*args, False))
+    for activation in sonicmoe.GLU_ACTIVATIONS.values():
+        torch.library.opcheck(torch.ops.sonicmoe.up_proj, (*args, True, False, 0, activation))
 
 
 def test_cuda_graph_capture_with_new_routing():

@@ -72,3 +72,10 @@ def test_fake_tensor_shapes_without_a_gpu():
         h, a = torch.ops.sonicmoe.up_proj(x, w1, offs, gather_idx)
         h0, a0 = torch.ops.sonicmoe.up_proj(x, w1, offs, gather_idx, False)
     assert h.shape == (800, 1024) and a.shape == (800, 512) and h0.shape == (0, 1024)
+
+
+@pytest.mark.parametrize("activation", [-1, 3])
+def test_up_proj_refuses_an_activation_it_does_not_have(activation):
+    with pytest.raises(ValueError, match=re.escape(f"up_proj: activation = {activation} breaks the rule: must be a "
+                                                   "GluActivation: 0 (SwiGLU), 1 (GeGLU) or 2 (ReGLU)")):
+        torch.ops.sonicmoe.up_proj(*valid(), True, False, 0, activation)

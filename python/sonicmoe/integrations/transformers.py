@@ -17,9 +17,12 @@ the load-balancing loss) through the hooks transformers puts on that module. The
 sonicmoe.moe_routed (the Hopper kernels for bf16 CUDA tensors, sonicmoe.reference on CPU);
 gradients flow into the router's scores. Shared experts and their gates stay as they are.
 
-Blocks of other classes, subclasses, or known classes in a form this mapping does not cover
-(another activation, a transposed or biased expert layout, hooks on the block, expert
-parallelism) are left untouched and listed in the report.
+The experts' act_fn picks the gated activation: SiLU runs as SwiGLU, GELU's tanh form
+(transformers' GELUTanh, "gelu_pytorch_tanh", NewGELUActivation, "gelu_new", FastGELUActivation,
+"gelu_fast", or nn.GELU(approximate="tanh")) as GeGLU, ReLU as ReGLU (sonicmoe.moe_routed's
+activation=). Blocks of other classes, subclasses, or known classes in a form this mapping does
+not cover (another activation, such as exact-erf GELU, a transposed or biased expert layout,
+hooks on the block, expert parallelism) are left untouched and listed in the report.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ except ImportError as err:  # the core never needs transformers; this module doe
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.activations import SiLUActivation
+from transformers.activations import FastGELUActivation, GELUTanh, NewGELUActivation, SiLUActivation
 
 from ..functional import moe_routed
 
@@ -94,6 +97,21 @@ def _routing(family, gate):
     return "softmax_topk_norm" if gate.norm_topk_prob else "softmax_topk"
 
 
+def _activation(act_fn):
+    """sonicmoe's gated activation for an experts' act_fn module, or None where none matches:
+    SiLU -> "swiglu"; GELU's tanh form, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), whichever
+    class computes it -> "geglu"; ReLU -> "reglu". Exact classes only (a subclass may change forward)."""
+    kind = type(act_fn)
+    if kind in (nn.SiLU, SiLUActivation):
+        return "swiglu"
+    if kind in (GELUTanh, NewGELUActivation, FastGELUActivation) or (
+            kind is nn.GELU and getattr(act_fn, "approximate", "none") == "tanh"):
+        return "geglu"
+    if kind is nn.ReLU:
+        return "reglu"
+    return None
+
+
 def _why_not(block, family):
     """Why this block of a known class cannot be swapped exactly, or None if it can."""
     gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
@@ -106,8 +124,11 @@ def _why_not(block, family):
                        ("has_gate", True), ("has_post_expert_norm", False), ("_is_expert_parallel", False)):
         if getattr(experts, attr, want) != want:
             return f"experts.{attr} = {getattr(experts, attr)} (SonicMoE needs {want})"
-    if not isinstance(experts.act_fn, (nn.SiLU, SiLUActivation)):
-        return f"experts.act_fn is {type(experts.act_fn).__name__} (SonicMoE's experts are SwiGLU: SiLU)"
+    if _activation(getattr(experts, "act_fn", None)) is None:
+        act_fn = getattr(experts, "act_fn", None)
+        name = type(act_fn).__name__ + (f"(approximate={act_fn.approximate!r})" if isinstance(act_fn, nn.GELU) else "")
+        return (f"experts.act_fn is {name} (SonicMoE's experts are gated: SiLU as SwiGLU, GELU's tanh form as "
+                "GeGLU, ReLU as ReGLU)")
     w1, w2 = experts.gate_up_proj, experts.down_proj
     if not (isinstance(w1, nn.Parameter) and isinstance(w2, nn.Parameter)) or w1.dim() != 3 or w2.dim() != 3:
         return "experts.gate_up_proj / down_proj are not 3-D Parameters"
@@ -124,21 +145,25 @@ def _why_not(block, family):
 
 class SonicMoeExperts(nn.Module):
     """The model's expert weights under their own names (the same Parameter objects), run by
-    sonicmoe.moe_routed. Same call as transformers' experts: (hidden_states (T, d), top_k_index
-    (T, K), top_k_weights (T, K)) -> (T, d) in hidden_states' dtype."""
+    sonicmoe.moe_routed with the activation of the experts' act_fn (_activation). Same call as
+    transformers' experts: (hidden_states (T, d), top_k_index (T, K), top_k_weights (T, K)) ->
+    (T, d) in hidden_states' dtype."""
 
     def __init__(self, experts):
         super().__init__()
         self.num_experts, self.hidden_dim, self.intermediate_dim = experts.down_proj.shape
+        self.activation = _activation(experts.act_fn)
         self.gate_up_proj = experts.gate_up_proj  # (E, 2n, d): sonicmoe's w1 as it is
         self.down_proj = experts.down_proj  # (E, d, n): sonicmoe's w2 as it is
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        out = moe_routed(hidden_states, self.gate_up_proj, self.down_proj, top_k_weights, top_k_index)
+        out = moe_routed(hidden_states, self.gate_up_proj, self.down_proj, top_k_weights, top_k_index,
+                         activation=self.activation)
         return out.to(hidden_states.dtype)
 
     def extra_repr(self):
-        return f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, intermediate_dim={self.intermediate_dim}"
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, activation={self.activation!r}")
 
 
 class SonicMoeBlock(nn.Module):
