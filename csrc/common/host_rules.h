@@ -34,8 +34,8 @@ inline std::string varlen_config_range() {
 }
 
 // The rules every expert-MLP kernel shares (K1, K4: params with num_experts, num_tokens,
-// m_total, d, n, sm_count, activation, config: the varlen kernel's); "" when they hold. d and n are 16-byte rows: cp.async chunks,
-// TMA boxes, vector stores.
+// m_total, d, n, sm_count, activation, config: the varlen kernel's); "" when they hold. d and n
+// are 16-byte rows: cp.async chunks, TMA boxes, vector stores.
 // (Comparisons in parentheses: g++ 12 reads `p.x < 0 || p.x > y` on a dependent p as a template
 // argument list and warns.)
 template <class Params>
