@@ -2,7 +2,7 @@
 racecheck): top-K with an all-but-empty expert and ragged counts, then token rounding (tile 64,
 upper-bound buffers), at n 384 (the top-K backward's tail on a second stream beside K5 / K7) and
 at n 256 (where eager dW1 runs on K7), softmax_topk_norm with the router's part of dx folded into
-K6; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
+K6; GeGLU and ReGLU once each; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
 it only at d >= 3072, and for K5 / K7 at 2048 rows per expert), on ragged routing with an odd tile
 count (a pair's empty half) and on upper-bound buffers. scripts/gpu_check.sh runs it under both
 tools; on its own:
@@ -38,6 +38,18 @@ for n in (384, 256, 512):
         print(f"n {n}", routing, "out, dx, drouter, dw1, dw2 norms:", " ".join(f"{v:.4g}" for v in norms))
         for t in (x, router, w1, w2):
             t.grad = None
+# GeGLU and ReGLU: K1's and K4's other two epilogues, once each at n 384.
+for activation in ("geglu", "reglu"):
+    n = 384
+    w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
+    out = sonicmoe.moe(x, router, w1, w2, K, activation=activation)
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    norms = [t.float().norm().item() for t in (out, x.grad, router.grad, w1.grad, w2.grad)]
+    print(activation, "out, dx, drouter, dw1, dw2 norms:", " ".join(f"{v:.4g}" for v in norms))
+    for t in (x, router):
+        t.grad = None
 
 # The clustered tile (varlen_cooperative_128x256x64_c2x1) directly: expert 3 all but empty, ragged
 # counts over 8 experts; n 384 makes an odd number of 256-column blocks.
