@@ -9,6 +9,8 @@ Ops measured so far, each against its PyTorch counterpart in the same run:
 - moe_backward: backward and forward+backward TFLOP/s and the memory kept after the forward;
   both with --activation (swiglu, geglu or reglu: the experts' gated activation, in both layers;
   upstream's anchors are SwiGLU's);
+- activations: the layer's forward, backward and forward + backward with GeGLU and ReGLU over
+  SwiGLU's, interleaved in one process on the same inputs;
 - forward_kernels: K1 and K2 one by one on each varlen configuration (ping-pong 128x128,
   cooperative 128x256 and 256x128), and K2 on CUTLASS's ptr-array kernel, TFLOP/s of each;
 - backward_kernels: the backward's kernels one by one (K4, K6, K5, K7) beside the interim weight
@@ -391,6 +393,33 @@ def bench_moe_backward(name, cfg, anchor_rows):
     up = upstream_anchor(anchor_rows, name)
     row.update({f"upstream_{k}_anchor": up.get(k) for k in ("bwd_tflops", "fwd_bwd_tflops", "kept_MiB")})
     row["upstream_impl"] = up.get("impl")
+    return row
+
+
+def bench_activations(name, cfg):
+    """sonicmoe.moe's training forward and forward + backward with each gated activation, on the
+    same inputs, interleaved in one process: GeGLU's and ReGLU's TFLOP/s beside SwiGLU's."""
+    T, d, n, E, K = cfg["T"], cfg["d"], cfg["n"], cfg["E"], cfg["K"]
+    x, router, w1, w2 = layer_params(T, d, n, E)
+    grad = torch.randn(T, d, device="cuda").bfloat16()
+    params = (x, router, w1, w2)
+
+    def step(act):
+        for t in params:
+            t.grad = None
+        sonicmoe.moe(x, router, w1, w2, K, activation=act).backward(grad)
+
+    fns = {}
+    for act in sonicmoe.GLU_ACTIVATIONS:
+        fns[f"{act}_fwd"] = (lambda act: lambda: sonicmoe.moe(x, router, w1, w2, K, activation=act))(act)
+        fns[f"{act}_fwd_bwd"] = (lambda act: lambda: step(act))(act)
+    ms = time_interleaved(fns, rounds=5, iters=5)
+    fwd, fwd_bwd = 6.0 * T * K * d * n, 18.0 * T * K * d * n
+    row = {"config": name}
+    for act in sonicmoe.GLU_ACTIVATIONS:
+        row[f"{act}_fwd_tflops"] = fwd / ms[f"{act}_fwd"] / 1e9
+        row[f"{act}_bwd_tflops"] = (fwd_bwd - fwd) / (ms[f"{act}_fwd_bwd"] - ms[f"{act}_fwd"]) / 1e9
+        row[f"{act}_fwd_bwd_tflops"] = fwd_bwd / ms[f"{act}_fwd_bwd"] / 1e9
     return row
 
 
@@ -1014,6 +1043,17 @@ def main():
                       f"{r['sonicmoe_fwd_J']:>7.3f}{r['sonicmoe_bwd_J']:>7.3f}{r['sonicmoe_bwd_pJ_per_flop']:>8.3f}")
             print("(sonicmoe.moe's training step and its forward run back to back: the card's mean power and SM "
                   "clock, the energy per call, and the backward's (step - forward) energy, also per FLOP)\n")
+    if "activations" in ops:
+        act_rows = per_config(names, lambda name: bench_activations(name, configs[name]), out / "activations.json")
+        others = [a for a in sonicmoe.GLU_ACTIVATIONS if a != "swiglu"]
+        print(f"{'config':<18}" + "".join(f"{'swiglu ' + k:>16}" for k in ("fwd", "bwd", "f+b"))
+              + "".join(f"{a + ' ' + k + ' /sw':>17}" for a in others for k in ("fwd", "bwd", "f+b")))
+        for r in act_rows:
+            keys = ("fwd", "bwd", "fwd_bwd")
+            print(f"{r['config']:<18}" + "".join(f"{r[f'swiglu_{k}_tflops']:>16.1f}" for k in keys)
+                  + "".join(f"{r[f'{a}_{k}_tflops'] / r[f'swiglu_{k}_tflops']:>17.3f}" for a in others for k in keys))
+        print("(sonicmoe.moe's TFLOP/s with SwiGLU, and GeGLU's and ReGLU's over SwiGLU's, same inputs, "
+              "interleaved in one process; bwd = 12*T*K*d*n / (t_fwd+bwd - t_fwd))\n")
     if "moe_anchor_protocol" in ops:
         data = args.data or "anchor"
         _, timer = anchor_protocol_timer()
