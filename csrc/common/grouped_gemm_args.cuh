@@ -3,6 +3,10 @@
 // One thread per expert turns the row range [offsets[e], offsets[e+1]) into a problem shape,
 // operand pointers and packed strides, so the host never reads routing data (no sync, CUDA-graph
 // capturable). The persistent tile scheduler then reads the shapes on the device.
+//
+// B's layout is in StrideB: b[e] starts at e * n_out * k either way, and the packed stride of the
+// (n_out, k) problem is K-contiguous for the (E, n_out, k) weight (ColumnMajor B, K2) and
+// N-contiguous for the (E, k, n_out) one (RowMajor B, K6).
 #pragma once
 
 #include <cstdint>
@@ -23,13 +27,18 @@ struct GroupedGemmDeviceArgs {
   StrideA* stride_a;
   StrideB* stride_b;
   StrideOut* stride_out;
+  // K6's router addend (out[r] += addend_scale[r] * addend_rows[e]) in a CUTLASS epilogue that
+  // reads one pointer per group: expert e's first scale and its addend row. Null without it.
+  const float** ptr_addend_scale = nullptr;
+  const ElementOut** ptr_addend_rows = nullptr;
 };
 
 template <class Args, class ElementA, class ElementB, class ElementOut>
 __global__ void build_grouped_gemm_args_kernel(Args args, const int32_t* __restrict__ expert_offsets,
                                                int num_experts, int m_total, int n_out, int k,
                                                const ElementA* a, const ElementB* b,
-                                               ElementOut* out) {
+                                               ElementOut* out, const float* addend_scale,
+                                               const ElementOut* addend_rows) {
   using ProblemShape = std::remove_pointer_t<decltype(args.problem_shapes)>;
   using StrideA = std::remove_pointer_t<decltype(args.stride_a)>;
   using StrideB = std::remove_pointer_t<decltype(args.stride_b)>;
@@ -56,6 +65,10 @@ __global__ void build_grouped_gemm_args_kernel(Args args, const int32_t* __restr
   args.stride_a[e] = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(m, k, 1));
   args.stride_b[e] = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(n_out, k, 1));
   args.stride_out[e] = cutlass::make_cute_packed_stride(StrideOut{}, cute::make_shape(m, n_out, 1));
+  if (args.ptr_addend_scale != nullptr) {
+    args.ptr_addend_scale[e] = addend_scale + begin;  // indexed by the global sorted row
+    args.ptr_addend_rows[e] = addend_rows + int64_t(e) * n_out;
+  }
 }
 
 }  // namespace sonicmoe

@@ -1,7 +1,8 @@
 // Layout of the grouped GEMM's device workspace. Host-only arithmetic (tested without a GPU).
 //
-// The per-expert CUTLASS arguments (problem shape, A/B/D pointers and strides) are written on
-// the device from expert_offsets, so the host never reads routing data.
+// The per-expert CUTLASS arguments (problem shape, A/B/D pointers and strides, and for sm100's K6
+// with the router addend its scale and addend-row pointers) are written on the device from
+// expert_offsets, so the host never reads routing data.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +29,8 @@ struct GroupedGemmWorkspaceLayout {
   size_t stride_a = 0;
   size_t stride_b = 0;
   size_t stride_out = 0;
+  size_t ptr_addend_scale = 0;  // per expert: addend_scale + offsets[e] (sm100 K6 with the addend)
+  size_t ptr_addend_rows = 0;   // per expert: addend_rows + e * n_out
   size_t cutlass = 0;
   size_t total = 0;           // bytes
 };
@@ -49,6 +52,8 @@ constexpr GroupedGemmWorkspaceLayout grouped_gemm_workspace_layout(int num_exper
   layout.stride_a = section(e * kStrideSlotBytes);
   layout.stride_b = section(e * kStrideSlotBytes);
   layout.stride_out = section(e * kStrideSlotBytes);
+  layout.ptr_addend_scale = section(e * kPointerSlotBytes);
+  layout.ptr_addend_rows = section(e * kPointerSlotBytes);
   layout.cutlass = section(cutlass_bytes);
   layout.total = offset;
   return layout;

@@ -44,12 +44,16 @@ Status run_ptr_array_grouped_gemm(const GroupedGemmParams& p, const char* op) {
       reinterpret_cast<typename Kernel::StrideA*>(base + layout.stride_a),
       reinterpret_cast<typename Kernel::StrideB*>(base + layout.stride_b),
       reinterpret_cast<typename Kernel::StrideOut*>(base + layout.stride_out)};
+  if (p.addend_rows != nullptr) {  // K6's router addend: only sm100's KN addend kernel gets here with it
+    dev.ptr_addend_scale = reinterpret_cast<const float**>(base + layout.ptr_addend_scale);
+    dev.ptr_addend_rows = reinterpret_cast<const Element**>(base + layout.ptr_addend_rows);
+  }
 
   constexpr int kThreads = 128;
   build_grouped_gemm_args_kernel<<<(p.num_experts + kThreads - 1) / kThreads, kThreads, 0, p.stream>>>(
       dev, p.expert_offsets, p.num_experts, static_cast<int>(p.m_total), static_cast<int>(p.n_out),
       static_cast<int>(p.k), static_cast<const Element*>(p.a), static_cast<const Element*>(p.b),
-      static_cast<Element*>(p.out));
+      static_cast<Element*>(p.out), p.addend_scale, static_cast<const Element*>(p.addend_rows));
   SONICMOE_CUDA_TRY(cudaGetLastError());
 
   typename Kernel::Gemm gemm;

@@ -101,8 +101,8 @@ TEST(GroupedGemmHost, empty_problem_launches_nothing) {
 TEST(GroupedGemmHost, workspace_layout_sections_are_aligned_and_disjoint) {
   for (int experts : {1, 7, 8, 128, 256, 1000}) {
     const auto l = sonicmoe::grouped_gemm_workspace_layout(experts, 12345);
-    const size_t starts[] = {l.problem_shapes, l.ptr_a, l.ptr_b, l.ptr_out,
-                             l.stride_a, l.stride_b, l.stride_out, l.cutlass};
+    const size_t starts[] = {l.problem_shapes, l.ptr_a,      l.ptr_b,            l.ptr_out,           l.stride_a,
+                             l.stride_b,       l.stride_out, l.ptr_addend_scale, l.ptr_addend_rows, l.cutlass};
     const size_t sizes[] = {experts * sonicmoe::kProblemShapeSlotBytes,
                             experts * sonicmoe::kPointerSlotBytes,
                             experts * sonicmoe::kPointerSlotBytes,
@@ -110,11 +110,14 @@ TEST(GroupedGemmHost, workspace_layout_sections_are_aligned_and_disjoint) {
                             experts * sonicmoe::kStrideSlotBytes,
                             experts * sonicmoe::kStrideSlotBytes,
                             experts * sonicmoe::kStrideSlotBytes,
+                            experts * sonicmoe::kPointerSlotBytes,
+                            experts * sonicmoe::kPointerSlotBytes,
                             12345};
-    for (int i = 0; i < 8; ++i) {
+    constexpr int kSections = sizeof(starts) / sizeof(starts[0]);
+    for (int i = 0; i < kSections; ++i) {
       EXPECT_EQ(starts[i] % sonicmoe::kWorkspaceAlignment, 0u);
       const size_t end = starts[i] + sizes[i];
-      EXPECT_LE(end, i + 1 < 8 ? starts[i + 1] : l.total) << "section " << i << " overlaps";
+      EXPECT_LE(end, i + 1 < kSections ? starts[i + 1] : l.total) << "section " << i << " overlaps";
     }
     EXPECT_EQ(l.total % sonicmoe::kWorkspaceAlignment, 0u);
   }
