@@ -10,7 +10,7 @@
 
 namespace sonicmoe::sm100 {
 
-// The sm100 K2 configurations. They are not GemmTileConfigs: that enum numbers the sm90 kernels
+// The sm100 K2 / K6 configurations. They are not GemmTileConfigs: that enum numbers the sm90 kernels
 // (the varlen ones last, host_rules.h) and its values are the torch API's tile_config; on sm100
 // the host picks one of these by rule (sm100/heuristics.h), and tile_config must be auto.
 enum class GemmConfig : int {
@@ -36,16 +36,18 @@ constexpr const char* gemm_config_name(GemmConfig config) {
   return config == GemmConfig::k2Sm256x256x64C2x1 ? "sm100_2sm_256x256x64_c2x1" : "sm100_1sm_128x256x64";
 }
 
-// The rules sm100 adds to sonicmoe::check_grouped_gemm's, for b_layout NK on an sm_100 GPU
+// The rules sm100 adds to sonicmoe::check_grouped_gemm's, for either b_layout on an sm_100 GPU
 // (config auto only, no partial_rows); "" when they hold. Defined in host/grouped_gemm.cpp.
 std::string check_grouped_gemm(const GroupedGemmParams& params);
 
-// CUTLASS's workspace for one configuration (host arithmetic, no device access).
-template <GemmConfig Config>
+// One kernel per configuration, B layout (kNK: K2, kKN: K6) and, for kKN, with or without the
+// router addend (addend_scale / addend_rows, fused in the epilogue).
+// CUTLASS's workspace for one kernel (host arithmetic, no device access).
+template <GemmConfig Config, WeightLayout BLayout = WeightLayout::kNK, bool RowAddend = false>
 size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count);
 
 // Builds the per-expert arguments on the device and launches the persistent kernel.
-template <GemmConfig Config>
+template <GemmConfig Config, WeightLayout BLayout = WeightLayout::kNK, bool RowAddend = false>
 Status run_grouped_gemm(const GroupedGemmParams& params);
 
 }  // namespace sonicmoe::sm100

@@ -1,5 +1,5 @@
-// kAuto's choice of the sm100 grouped GEMM configuration (K2, b_layout NK). Host-only, no
-// CUTLASS: the dispatcher and the CPU tests read it.
+// kAuto's choice of the sm100 grouped GEMM configuration (K2 and K6: either b_layout, the same
+// tiles). Host-only, no CUTLASS: the dispatcher and the CPU tests read it.
 #pragma once
 
 #include <cstdint>
