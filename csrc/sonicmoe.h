@@ -41,7 +41,7 @@ constexpr int arch_family(int major, int minor) {
 int device_arch(int device);
 
 // Which kernels op runs on a GPU of compute capability major.minor, given the archs built and
-// whether the op has an sm_100a path (grouped_gemm with b_layout NK only, so far): the family,
+// whether the op has an sm_100a path (grouped_gemm, b_layout NK and KN, only so far): the family,
 // or kNone with a message that names the GPU, the build and what to do. Pure: no device access.
 struct KernelArchChoice {
   KernelArch arch = KernelArch::kNone;
@@ -125,8 +125,8 @@ struct GatheredVarlenProblem : VarlenProblem {
 //   out[r, :] = a[r, :] @ b[e]^T   for every row r in [expert_offsets[e], expert_offsets[e+1]).
 // All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
 // config: any GemmTileConfig (b_layout kKN and partial_rows: kAuto or a varlen one). On an
-// sm_100 GPU (cc 10.0, a build with 100a; b_layout kNK only): kAuto only, no partial_rows, and
-// kAuto picks an sm100 kernel by sm100/heuristics.h.
+// sm_100 GPU (cc 10.0, a build with 100a; either b_layout, kKN with or without the addend): kAuto
+// only, no partial_rows, and kAuto picks an sm100 kernel by sm100/heuristics.h.
 struct GroupedGemmParams : VarlenProblem {
   const void* a = nullptr;                  // (m_total, k) bf16, rows sorted by expert
   const void* b = nullptr;                  // (num_experts, n_out, k) bf16 (the w2 layout)
@@ -135,7 +135,7 @@ struct GroupedGemmParams : VarlenProblem {
   int64_t k = 0;
   void* workspace = nullptr;                // device memory, grouped_gemm_workspace_size() bytes
   size_t workspace_bytes = 0;
-  WeightLayout b_layout = WeightLayout::kNK;  // kKN: varlen kernel only (kAuto picks it)
+  WeightLayout b_layout = WeightLayout::kNK;  // kKN on sm90: varlen kernel only (kAuto picks it)
   // kKN only (K6), both or neither: out[r] += addend_scale[r] * addend_rows[e] for the rows r of
   // expert e, added to the fp32 accumulators before the one bf16 rounding (the router's part of
   // dx where d_logits is zero off the chosen experts: d_logits[t, e] * router_weight[e]).

@@ -73,8 +73,8 @@ KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltA
     case 100:
       // An op without sm100 kernels is refused whatever was built: rebuilding would not help.
       if (!op_has_sm100)
-        return {KernelArch::kNone, prefix + "no sm_100a kernel yet (Blackwell runs grouped_gemm with b_layout NK "
-                                            "only in this build); on sm_90 GPUs (H100, H200) every op runs"};
+        return {KernelArch::kNone, prefix + "no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and "
+                                            "KN, only in this build); on sm_90 GPUs (H100, H200) every op runs"};
       if (built.sm100) return {KernelArch::kSm100, {}};
       return {KernelArch::kNone, prefix + gpu_text(major, minor) + " but this build holds " + built_text(built) +
                                      ": rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\""};

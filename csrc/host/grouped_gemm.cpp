@@ -138,10 +138,24 @@ Status run_grouped_gemm_sm90(const GroupedGemmParams& params) {
 #endif  // SONICMOE_HAS_SM90
 
 #if SONICMOE_HAS_SM100
+// Every sm100 kernel of a configuration: K2, K6, K6 with the addend.
+template <sm100::GemmConfig Config>
 size_t sm100_cutlass_workspace(int num_experts, int sm_count) {
-  return std::max(
-      sm100::grouped_gemm_cutlass_workspace_size<sm100::GemmConfig::k1Sm128x256x64>(num_experts, sm_count),
-      sm100::grouped_gemm_cutlass_workspace_size<sm100::GemmConfig::k2Sm256x256x64C2x1>(num_experts, sm_count));
+  return std::max({sm100::grouped_gemm_cutlass_workspace_size<Config>(num_experts, sm_count),
+                   sm100::grouped_gemm_cutlass_workspace_size<Config, WeightLayout::kKN>(num_experts, sm_count),
+                   sm100::grouped_gemm_cutlass_workspace_size<Config, WeightLayout::kKN, true>(num_experts, sm_count)});
+}
+
+size_t sm100_cutlass_workspace(int num_experts, int sm_count) {
+  return std::max(sm100_cutlass_workspace<sm100::GemmConfig::k1Sm128x256x64>(num_experts, sm_count),
+                  sm100_cutlass_workspace<sm100::GemmConfig::k2Sm256x256x64C2x1>(num_experts, sm_count));
+}
+
+template <sm100::GemmConfig Config>
+Status run_sm100_kernel(const GroupedGemmParams& params) {
+  if (params.b_layout == WeightLayout::kNK) return sm100::run_grouped_gemm<Config>(params);
+  if (params.addend_rows != nullptr) return sm100::run_grouped_gemm<Config, WeightLayout::kKN, true>(params);
+  return sm100::run_grouped_gemm<Config, WeightLayout::kKN>(params);
 }
 #endif
 
@@ -151,10 +165,10 @@ Status run_grouped_gemm_sm100(const GroupedGemmParams& params) {
 #if SONICMOE_HAS_SM100
   switch (sm100::choose_grouped_gemm_config(params.m_total, params.n_out, params.k, params.num_experts)) {
     case sm100::GemmConfig::k2Sm256x256x64C2x1:
-      return sm100::run_grouped_gemm<sm100::GemmConfig::k2Sm256x256x64C2x1>(params);
+      return run_sm100_kernel<sm100::GemmConfig::k2Sm256x256x64C2x1>(params);
     case sm100::GemmConfig::k1Sm128x256x64: break;
   }
-  return sm100::run_grouped_gemm<sm100::GemmConfig::k1Sm128x256x64>(params);
+  return run_sm100_kernel<sm100::GemmConfig::k1Sm128x256x64>(params);
 #else
   return Status::error("grouped_gemm: this build holds no sm_100a kernels");  // device_kernel_arch refuses first
 #endif
@@ -162,8 +176,9 @@ Status run_grouped_gemm_sm100(const GroupedGemmParams& params) {
 
 }  // namespace
 
-// The rules sm100 adds to check_grouped_gemm's (only b_layout NK reaches here): its kernels are
-// CUTLASS's ptr-array grouped GEMM, chosen by rule, and no GemmTileConfig names them.
+// The rules sm100 adds to check_grouped_gemm's (either b_layout; KN's addend runs there, fused in
+// the epilogue): its kernels are CUTLASS's ptr-array grouped GEMM, chosen by rule, and no
+// GemmTileConfig names them.
 std::string sm100::check_grouped_gemm(const GroupedGemmParams& p) {
   if (p.config != GemmTileConfig::kAuto)
     return value_rule("config", static_cast<int>(p.config),
@@ -233,7 +248,8 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   int device = 0;
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
   const bool nk = params.b_layout == WeightLayout::kNK;
-  const KernelArchChoice arch = device_kernel_arch(nk ? "grouped_gemm" : "grouped_gemm (b_layout KN)", device, nk);
+  const KernelArchChoice arch =
+      device_kernel_arch(nk ? "grouped_gemm" : "grouped_gemm (b_layout KN)", device, /*op_has_sm100=*/true);
   if (arch.arch == KernelArch::kSm100) return run_grouped_gemm_sm100(params);
   if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
 #if SONICMOE_HAS_SM90

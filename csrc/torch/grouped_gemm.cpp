@@ -91,15 +91,14 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
                        const std::optional<at::Tensor>& addend_rows = std::nullopt) {
   check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
   check_addend_args(a, b, addend_scale, addend_rows);
-  // b_layout NK (K2) has sm_100a kernels; KN (K6, torch's grouped_gemm_kn) is sm90 only so far.
-  const bool nk = layout == WeightLayout::kNK;
-  const char* op = nk ? kOp : "grouped_gemm_kn";
-  check_same_cuda_device(op, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}}, nk);
+  // Both layouts have sm_100a kernels: K2 (NK) and K6 (KN, torch's grouped_gemm_kn, with its addend).
+  const char* op = layout == WeightLayout::kNK ? kOp : "grouped_gemm_kn";
+  check_same_cuda_device(op, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}}, /*op_has_sm100=*/true);
   if (addend_scale.has_value())
     check_same_cuda_device(op, {{&a, "a"}, {&*addend_scale, "addend_scale"}, {&*addend_rows, "addend_rows"}});
   const c10::cuda::CUDAGuard guard(a.device());
   GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
-  if (nk && device_arch(a.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
+  if (device_arch(a.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
     const std::string problem = sm100::check_grouped_gemm(p);
     TORCH_CHECK_VALUE(problem.empty(), problem);
   }

@@ -59,7 +59,7 @@ KERNEL_DEVICE_TYPES = {"cuda"}
 
 def kernel_archs() -> tuple[int, ...]:
     """The kernel archs of the built extension (SONICMOE_CUDA_ARCHS): 90 for sm_90a, 100 for
-    sm_100a; () without the extension. sm_100a holds grouped_gemm (b_layout NK) only so far."""
+    sm_100a; () without the extension. sm_100a holds grouped_gemm and grouped_gemm_kn only so far."""
     return tuple(torch.ops.sonicmoe.kernel_archs()) if _C is not None else ()
 
 
@@ -106,7 +106,9 @@ def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tens
     tile_config "auto" or a varlen configuration, as in up_proj.
     With addend_scale (M,) fp32 and addend_rows (E, n_out) bf16 (both or neither), out[r] +=
     addend_scale[r] * addend_rows[e] in fp32 before the one rounding: the router's part of dx where
-    d_logits is zero off the chosen experts (router_backward_rows' d_logit_rows, router_weight)."""
+    d_logits is zero off the chosen experts (router_backward_rows' d_logit_rows, router_weight).
+    On a Blackwell sm_100 GPU: as grouped_gemm there (tile_config "auto" only, no partial_rows), the
+    addend included (fused in the epilogue of CUTLASS's sm100 ptr-array kernel)."""
     _require_extension()
     return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows, _tile_config_number(tile_config),
                                               addend_scale, addend_rows)

@@ -2,6 +2,7 @@
 // this build holds none) and the sm100 grouped GEMM's host rules. Pure host logic: runs anywhere.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "common/grouped_gemm_workspace.h"
@@ -58,12 +59,31 @@ TEST(DeviceArch, blackwell_runs_grouped_gemm_on_sm100_where_built) {
                      "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
 }
 
+// K6 (b_layout KN, the op name run_grouped_gemm and the torch layer give it) has sm100 kernels
+// too: sm100 on a B200 where built, sm90 on a Hopper, the rebuild named where the family is missing.
+TEST(DeviceArch, grouped_gemm_kn_runs_on_either_family_where_built) {
+  for (const char* op : {"grouped_gemm (b_layout KN)", "grouped_gemm_kn"}) {
+    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kBoth, true).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kSm100Only, true).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kBoth, true).arch, KernelArch::kSm90);
+    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kSm90Only, true).arch, KernelArch::kSm90);
+    const auto no_sm100 = choose_kernel_arch(op, 10, 0, kSm90Only, true);
+    EXPECT_EQ(no_sm100.arch, KernelArch::kNone);
+    EXPECT_EQ(no_sm100.error, std::string(op) + ": the GPU is sm_100 (compute capability 10.0) but this build holds "
+                                                "sm_90a kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
+    const auto no_sm90 = choose_kernel_arch(op, 9, 0, kSm100Only, true);
+    EXPECT_EQ(no_sm90.arch, KernelArch::kNone);
+    EXPECT_TRUE(contains(no_sm90.error, "rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"")) << no_sm90.error;
+    EXPECT_EQ(choose_kernel_arch(op, 10, 3, kBoth, true).arch, KernelArch::kNone);  // B300: not sm_100a
+  }
+}
+
 TEST(DeviceArch, blackwell_refuses_ops_without_sm100_kernels_whatever_was_built) {
   for (const BuiltArchs built : {kSm90Only, kBoth}) {
     const auto c = choose_kernel_arch("weight_grad", 10, 0, built, false);
     EXPECT_EQ(c.arch, KernelArch::kNone);
-    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm with b_layout NK only in "
-                       "this build); on sm_90 GPUs (H100, H200) every op runs");
+    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, only "
+                       "in this build); on sm_90 GPUs (H100, H200) every op runs");
   }
 }
 
@@ -137,17 +157,45 @@ TEST(GroupedGemmSm100Host, takes_auto_only_and_names_the_rule) {
   EXPECT_TRUE(contains(sonicmoe::sm100::check_grouped_gemm(p), "grouped_gemm: partial_rows = 1 breaks the rule"));
 }
 
+// K6 (b_layout KN) on sm100: the same rules, with the router addend (fused in the epilogue).
+TEST(GroupedGemmSm100Host, kn_takes_auto_and_the_addend_and_refuses_what_k2_refuses) {
+  sonicmoe::GroupedGemmParams p = sm100_shape();
+  p.b_layout = sonicmoe::WeightLayout::kKN;
+  EXPECT_EQ(sonicmoe::sm100::check_grouped_gemm(p), "");
+  float scale = 0;
+  uint16_t rows[8] = {};
+  p.addend_scale = &scale;
+  p.addend_rows = rows;
+  EXPECT_EQ(sonicmoe::sm100::check_grouped_gemm(p), "");
+  EXPECT_EQ(sonicmoe::check_grouped_gemm(p), "");
+  p.config = sonicmoe::GemmTileConfig::kVarlenPingpong128x128x64;  // KN's sm90 kernel: refused on sm100
+  EXPECT_EQ(sonicmoe::check_grouped_gemm(p), "");
+  EXPECT_TRUE(contains(sonicmoe::sm100::check_grouped_gemm(p),
+                       "grouped_gemm: config = 7 breaks the rule: must be 0 (auto) on an sm_100 GPU"));
+  p.config = sonicmoe::GemmTileConfig::kAuto;
+  p.partial_rows = true;
+  EXPECT_TRUE(contains(sonicmoe::sm100::check_grouped_gemm(p), "grouped_gemm: partial_rows = 1 breaks the rule"));
+}
+
 #if SONICMOE_HAS_SM100
 // The workspace the torch layer allocates (grouped_gemm_workspace_size, the device not known)
-// covers either sm100 kernel: CUTLASS's part is host arithmetic, no GPU needed.
-TEST(GroupedGemmSm100Host, workspace_covers_both_sm100_kernels) {
+// covers every sm100 kernel (K2, K6, K6 with the addend, each on both tiles): CUTLASS's part is
+// host arithmetic, no GPU needed.
+TEST(GroupedGemmSm100Host, workspace_covers_every_sm100_kernel) {
+  using sonicmoe::WeightLayout;
   using sonicmoe::sm100::GemmConfig;
+  using sonicmoe::sm100::grouped_gemm_cutlass_workspace_size;
   for (int experts : {1, 8, 128, 256}) {
     for (int sms : {1, 148}) {
       const size_t total = sonicmoe::grouped_gemm_workspace_size(experts, sms);
       for (size_t cutlass_bytes :
-           {sonicmoe::sm100::grouped_gemm_cutlass_workspace_size<GemmConfig::k1Sm128x256x64>(experts, sms),
-            sonicmoe::sm100::grouped_gemm_cutlass_workspace_size<GemmConfig::k2Sm256x256x64C2x1>(experts, sms)}) {
+           {grouped_gemm_cutlass_workspace_size<GemmConfig::k1Sm128x256x64>(experts, sms),
+            grouped_gemm_cutlass_workspace_size<GemmConfig::k2Sm256x256x64C2x1>(experts, sms),
+            grouped_gemm_cutlass_workspace_size<GemmConfig::k1Sm128x256x64, WeightLayout::kKN>(experts, sms),
+            grouped_gemm_cutlass_workspace_size<GemmConfig::k2Sm256x256x64C2x1, WeightLayout::kKN>(experts, sms),
+            grouped_gemm_cutlass_workspace_size<GemmConfig::k1Sm128x256x64, WeightLayout::kKN, true>(experts, sms),
+            grouped_gemm_cutlass_workspace_size<GemmConfig::k2Sm256x256x64C2x1, WeightLayout::kKN, true>(experts,
+                                                                                                         sms)}) {
         EXPECT_GE(total, sonicmoe::grouped_gemm_workspace_layout(experts, cutlass_bytes).total)
             << experts << " experts, " << sms << " SMs";
       }

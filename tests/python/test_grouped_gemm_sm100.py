@@ -1,6 +1,7 @@
-"""torch.ops.sonicmoe.grouped_gemm on a Blackwell sm_100 GPU (B200, GB200) against an fp32 torch
-computation, with the tolerance of the Hopper tests (relative Frobenius 1e-2): the sm100 K2
-(CUTLASS's ptr-array grouped GEMM, 1-SM 128x256 or 2-SM 256x256, chosen by rule). Skips
+"""torch.ops.sonicmoe.grouped_gemm and grouped_gemm_kn on a Blackwell sm_100 GPU (B200, GB200)
+against an fp32 torch computation, with the tolerances of the Hopper tests (relative Frobenius
+1e-2; the addend alone bit-exact): the sm100 K2 and K6 (CUTLASS's ptr-array grouped GEMM, 1-SM
+128x256 or 2-SM 256x256, chosen by rule; K6's router addend fused in its epilogue). Skips
 elsewhere; the other ops are refused there by name."""
 
 import re
@@ -10,7 +11,8 @@ import torch
 
 import sonicmoe
 from conftest import ANCHOR_CONFIGS, requires_blackwell
-from test_grouped_gemm import check, generator, make_inputs, random_counts
+from test_backward_kernels import rel
+from test_grouped_gemm import check, generator, make_inputs, offsets_from_counts, random_counts
 
 pytestmark = [requires_blackwell, pytest.mark.usefixtures("fp32_matmul_reference")]
 
@@ -46,8 +48,52 @@ def test_explicit_tile_config_is_refused_naming_the_rule():
         sonicmoe.grouped_gemm(a, b, offs, tile_config="varlen_pingpong_128x128x64")
 
 
-def test_ops_without_sm100_kernels_are_refused_by_name():
-    gen = generator("kn")
+# K6 (b (E, k, n_out) read as stored), with and without the router addend: the Hopper test's shapes
+# and checks (tests/python/test_backward_kernels.py), auto only. rows_per_expert: auto's 1-SM tile
+# (40) and 2-SM pair tile (600). (8, 8, 1) leaves a partial n tile, (72, 136, 8) a partial 16-byte
+# chunk past a whole 128 columns.
+@pytest.mark.parametrize("addend", [False, True])
+@pytest.mark.parametrize("rows_per_expert", [40, 600])
+@pytest.mark.parametrize("k,n_out,E", [(512, 1536, 128), (2048, 4096, 16), (72, 136, 8), (8, 8, 1), (256, 4096, 2),
+                                       (1024, 4096, 128)])
+def test_grouped_gemm_kn(k, n_out, E, rows_per_expert, addend):
+    gen = generator("kn", k, n_out, E, rows_per_expert, addend)
+    counts = random_counts(rows_per_expert * E, E, gen)
+    a = torch.randn(sum(counts), k, device="cuda", generator=gen).bfloat16()
+    b = (torch.randn(E, k, n_out, device="cuda", generator=gen) * k**-0.5).bfloat16()
+    offs = offsets_from_counts(counts)
+    scale = torch.randn(a.shape[0], device="cuda", generator=gen) if addend else None
+    rows = torch.randn(E, n_out, device="cuda", generator=gen).bfloat16() if addend else None
+    torch.full((a.shape[0] * n_out,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = sonicmoe.grouped_gemm_kn(a, b, offs, addend_scale=scale, addend_rows=rows)
+    ref = torch.empty(a.shape[0], n_out, device="cuda")
+    bounds = offs.tolist()
+    for e in range(E):
+        lo, hi = bounds[e], bounds[e + 1]
+        ref[lo:hi] = a[lo:hi].float() @ b[e].float() + (scale[lo:hi, None] * rows[e].float() if addend else 0)
+    assert torch.isfinite(out).all()
+    assert rel(out, ref) <= 1e-2
+    if addend:  # the addend alone (a = 0): each row is its scaled expert row, rounded once
+        zero = sonicmoe.grouped_gemm_kn(torch.zeros_like(a), b, offs, addend_scale=scale, addend_rows=rows)
+        expert = torch.repeat_interleave(torch.arange(E, device="cuda"), torch.tensor(counts, device="cuda"))
+        assert torch.equal(zero, (scale[:, None] * rows[expert].float()).bfloat16())
+
+
+def test_grouped_gemm_kn_refuses_what_sm100_does_not_run():
+    gen = generator("kn refused")
     a, b, offs = make_inputs([64, 64], 64, 64, gen)
-    with pytest.raises(ValueError, match=re.escape("grouped_gemm_kn: no sm_100a kernel yet")):
-        sonicmoe.grouped_gemm_kn(a, b.transpose(1, 2).contiguous(), offs)
+    b = b.transpose(1, 2).contiguous()
+    with pytest.raises(ValueError, match=re.escape("grouped_gemm: config = 7 breaks the rule: must be 0 (auto) on "
+                                                   "an sm_100 GPU")):
+        sonicmoe.grouped_gemm_kn(a, b, offs, tile_config="varlen_pingpong_128x128x64")
+    with pytest.raises(ValueError, match=re.escape("grouped_gemm: partial_rows = 1 breaks the rule: must be false "
+                                                   "on an sm_100 GPU")):
+        sonicmoe.grouped_gemm_kn(a, b, offs, partial_rows=True)
+
+
+def test_ops_without_sm100_kernels_are_refused_by_name():
+    gen = generator("weight_grad")
+    a, b, offs = make_inputs([64, 64], 64, 64, gen)
+    gather_idx = torch.arange(128, device="cuda", dtype=torch.int32)
+    with pytest.raises(ValueError, match=re.escape("weight_grad: no sm_100a kernel yet")):
+        sonicmoe.weight_grad(a, a, offs, gather_idx, True)
