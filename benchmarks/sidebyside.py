@@ -3,7 +3,9 @@ torch._grouped_mm layer built and timed in one process on one card, in interleav
 round: the median of 10 CUDA-event-timed calls after 3; the figure: the median over rounds), and
 the memory each keeps after its forward. The ratio project / upstream from one process on one
 card is the figure every speed claim of the project cites; absolute TFLOP/s move 1-5% between
-two starts of the same card.
+two starts of the same card. The layers take turns in a rotating order, and each ratio is the
+median over rounds of the two layers' ratio within a round (paired_ratios), printed with its
+range over the rounds.
 
   python3 benchmarks/sidebyside.py [config ...]        (or: benchmarks/bench.py --ops sidebyside)
   env: IMPLS=upstream,project,torch   ROUNDS=3   OUT=dir (writes sidebyside.json)
@@ -16,8 +18,8 @@ Configs: the paper's and the anchors' eight, then MODELS (other released MoE mod
 `all` runs both lists. Upstream SonicMoE is imported as `upstream_sonicmoe` (its Dec-2025 sources
 with the package and its torch.library namespace renamed, so it loads beside this project; it needs
 nvidia-cutlass-dsl 4.2.1 and quack). Where it is not importable the harness says so and times the
-project and the torch layer alone. On an 80 GB card run deepseek-v3 with IMPLS=project and
-IMPLS=upstream in turn (both layers resident do not fit).
+project and the torch layer alone. On an 80 GB card deepseek-v3 fits with IMPLS=project,upstream
+(not with the torch layer resident too).
 """
 
 from __future__ import annotations
@@ -168,6 +170,25 @@ def kernel_table(fwd_bwd):
              "stream": getattr(e, "device_resource_id", None)} for e in events]
 
 
+def rotated(names, r):
+    """Round r's order: each round starts one further on, so that no layer always runs right after
+    the other's forward + backward (the card's power control remembers the last ~75 ms of load)."""
+    return names[r % len(names):] + names[:r % len(names)]
+
+
+def paired_ratios(ours, other):
+    """Per round, ours over other of the forward, backward and forward + backward TFLOP/s (the
+    inverse ratio of their times; the backward's time is fwd_bwd - fwd), from the two layers'
+    {"f": [ms per round], "fb": [...]}: both timed within the same round, so that a drift of the
+    card's clock across rounds cancels in each ratio. The figure is their median."""
+    out = {"fwd_tflops": [], "bwd_tflops": [], "fwd_bwd_tflops": []}
+    for f, fb, f_o, fb_o in zip(ours["f"], ours["fb"], other["f"], other["fb"]):
+        out["fwd_tflops"].append(f_o / f)
+        out["bwd_tflops"].append((fb_o - f_o) / (fb - f))
+        out["fwd_bwd_tflops"].append(fb_o / fb)
+    return out
+
+
 def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
     name, T, d, n, E, K = config
     row = {"config": name, "shape": [T, d, n, E, K], "activation": activation}
@@ -185,8 +206,9 @@ def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
             fns.pop(impl, None)
             row[f"{impl}_error"] = repr(ex)[:300]
         row[f"{impl}_setup_s"] = round(time.time() - t0, 1)
-    for _ in range(rounds):
-        for impl, (fwd, fwd_bwd) in fns.items():
+    for r in range(rounds):
+        for impl in rotated(list(fns), r):
+            fwd, fwd_bwd = fns[impl]
             times[impl]["f"].append(bench(fwd))
             times[impl]["fb"].append(bench(fwd_bwd))
     if profile_kernels:
@@ -196,11 +218,12 @@ def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
         f_ms, fb_ms = statistics.median(times[impl]["f"]), statistics.median(times[impl]["fb"])
         row[impl] = {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms, "fwd_tflops": flops / f_ms / 1e9,
                      "bwd_tflops": 2 * flops / (fb_ms - f_ms) / 1e9, "fwd_bwd_tflops": 3 * flops / fb_ms / 1e9,
-                     "rounds_fwd_bwd_ms": times[impl]["fb"]}
+                     "rounds_fwd_ms": times[impl]["f"], "rounds_fwd_bwd_ms": times[impl]["fb"]}
     for other in ("upstream", "torch"):
         if other in row and "project" in row:
-            row[f"project_over_{other}"] = {k: row["project"][k] / row[other][k]
-                                            for k in ("fwd_tflops", "bwd_tflops", "fwd_bwd_tflops")}
+            per_round = paired_ratios(times["project"], times[other])
+            row[f"project_over_{other}_rounds"] = per_round
+            row[f"project_over_{other}"] = {k: statistics.median(v) for k, v in per_round.items()}
     del fns
     torch.cuda.empty_cache()
     return row
@@ -236,8 +259,11 @@ def print_table(result, impls):
         for other in ("upstream", "torch"):
             q = r.get(f"project_over_{other}")
             if q:
-                print(f"{'':<20}project / {other}: fwd {q['fwd_tflops']:.3f}  bwd {q['bwd_tflops']:.3f}  "
-                      f"fwd+bwd {q['fwd_bwd_tflops']:.3f}")
+                spread = r.get(f"project_over_{other}_rounds", {})
+                span = {k: f" ({min(v):.3f}-{max(v):.3f})" if len(v) > 1 else "" for k, v in spread.items()}
+                print(f"{'':<20}project / {other}: " + "  ".join(
+                    f"{label} {q[k]:.3f}{span.get(k, '')}"
+                    for label, k in (("fwd", "fwd_tflops"), ("bwd", "bwd_tflops"), ("fwd+bwd", "fwd_bwd_tflops"))))
 
 
 def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation=None):

@@ -46,3 +46,21 @@ def test_an_activation_the_project_lacks_is_refused_before_anything_runs(sidebys
     monkeypatch.setenv("ACTIVATION", "relu2")
     with pytest.raises(ValueError, match="ACTIVATION = 'relu2' breaks the rule"):
         sidebyside.run(["olmoe-1b-7b"], impls=["project"])
+
+
+def test_rounds_rotate_so_no_layer_always_follows_the_other(sidebyside):
+    names = ["upstream", "project", "torch"]
+    orders = [sidebyside.rotated(names, r) for r in range(3)]
+    assert orders == [["upstream", "project", "torch"], ["project", "torch", "upstream"],
+                      ["torch", "upstream", "project"]]
+    assert {o[0] for o in orders} == set(names)  # each layer opens one round
+
+
+def test_paired_ratios_cancel_a_drift_common_to_both_layers(sidebyside):
+    # Ours 10% faster in every phase; the card slows by 1.0, 1.3, 0.9 across the rounds.
+    drift = [1.0, 1.3, 0.9]
+    ours = {"f": [1.0 * c for c in drift], "fb": [3.0 * c for c in drift]}
+    other = {"f": [1.1 * c for c in drift], "fb": [3.3 * c for c in drift]}
+    per_round = sidebyside.paired_ratios(ours, other)
+    for key in ("fwd_tflops", "bwd_tflops", "fwd_bwd_tflops"):
+        assert per_round[key] == pytest.approx([1.1] * 3)
