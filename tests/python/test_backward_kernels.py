@@ -32,7 +32,15 @@ K4_CONFIGS = pytest.mark.parametrize(
                                        (1024, 4096, 128)])
 def test_grouped_gemm_kn(k, n_out, E, tile_config, addend):
     gen = generator("kn", k, n_out, E, addend)
-    counts = random_counts(3000, E, gen)
+    check_grouped_gemm_kn(random_counts(3000, E, gen), k, n_out, addend, gen, tile_config)
+
+
+def check_grouped_gemm_kn(counts, k, n_out, addend, gen, tile_config="auto"):
+    """K6 (grouped_gemm_kn) against its fp32 spec, out[r] = a[r] @ b[e] (+ addend_scale[r] *
+    addend_rows[e]), on fresh random inputs over the given expert row counts; with the addend also
+    the addend alone (a = 0), which must equal its one bf16 rounding exactly. Shared with the sm100
+    tests."""
+    E = len(counts)
     a = torch.randn(sum(counts), k, device="cuda", generator=gen).bfloat16()
     b = (torch.randn(E, k, n_out, device="cuda", generator=gen) * k**-0.5).bfloat16()
     offs = offsets_from_counts(counts)

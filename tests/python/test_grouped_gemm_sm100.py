@@ -11,8 +11,8 @@ import torch
 
 import sonicmoe
 from conftest import ANCHOR_CONFIGS, requires_blackwell
-from test_backward_kernels import rel
-from test_grouped_gemm import check, generator, make_inputs, offsets_from_counts, random_counts
+from test_backward_kernels import check_grouped_gemm_kn
+from test_grouped_gemm import check, generator, make_inputs, random_counts
 
 pytestmark = [requires_blackwell, pytest.mark.usefixtures("fp32_matmul_reference")]
 
@@ -58,25 +58,7 @@ def test_explicit_tile_config_is_refused_naming_the_rule():
                                        (1024, 4096, 128)])
 def test_grouped_gemm_kn(k, n_out, E, rows_per_expert, addend):
     gen = generator("kn", k, n_out, E, rows_per_expert, addend)
-    counts = random_counts(rows_per_expert * E, E, gen)
-    a = torch.randn(sum(counts), k, device="cuda", generator=gen).bfloat16()
-    b = (torch.randn(E, k, n_out, device="cuda", generator=gen) * k**-0.5).bfloat16()
-    offs = offsets_from_counts(counts)
-    scale = torch.randn(a.shape[0], device="cuda", generator=gen) if addend else None
-    rows = torch.randn(E, n_out, device="cuda", generator=gen).bfloat16() if addend else None
-    torch.full((a.shape[0] * n_out,), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out = sonicmoe.grouped_gemm_kn(a, b, offs, addend_scale=scale, addend_rows=rows)
-    ref = torch.empty(a.shape[0], n_out, device="cuda")
-    bounds = offs.tolist()
-    for e in range(E):
-        lo, hi = bounds[e], bounds[e + 1]
-        ref[lo:hi] = a[lo:hi].float() @ b[e].float() + (scale[lo:hi, None] * rows[e].float() if addend else 0)
-    assert torch.isfinite(out).all()
-    assert rel(out, ref) <= 1e-2
-    if addend:  # the addend alone (a = 0): each row is its scaled expert row, rounded once
-        zero = sonicmoe.grouped_gemm_kn(torch.zeros_like(a), b, offs, addend_scale=scale, addend_rows=rows)
-        expert = torch.repeat_interleave(torch.arange(E, device="cuda"), torch.tensor(counts, device="cuda"))
-        assert torch.equal(zero, (scale[:, None] * rows[expert].float()).bfloat16())
+    check_grouped_gemm_kn(random_counts(rows_per_expert * E, E, gen), k, n_out, addend, gen)
 
 
 def test_grouped_gemm_kn_refuses_what_sm100_does_not_run():
