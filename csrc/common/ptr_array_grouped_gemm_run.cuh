@@ -1,8 +1,8 @@
 // The host side every arch's CUTLASS ptr-array K2 shares: the workspace carved into the per-expert
 // argument arrays and CUTLASS's own part, the arguments built on the device from expert_offsets
 // (grouped_gemm_args.cuh: the host never reads routing data), then can_implement / initialize /
-// run. Kernel is an arch's GroupedGemmKernel: Element, ProblemShape, StrideA / StrideB /
-// StrideOut, DeviceArgs, Gemm and make_arguments(dev, num_experts, sm_count).
+// run. Kernel is an arch's GroupedGemmKernel: Element, ProblemShape, Args (PtrArrayArgs of its
+// CUTLASS kernel), Gemm and make_arguments(dev, num_experts, sm_count).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,9 +19,26 @@
 
 namespace sonicmoe {
 
+// The per-expert argument arrays of a CUTLASS ptr-array grouped GEMM (CutlassKernel, its
+// GemmUniversal kernel), each element checked against its slot of the shared workspace layout.
+template <class CutlassKernel, class Element>
+struct PtrArrayArgs {
+  using UnderlyingProblemShape = typename CutlassKernel::ProblemShape::UnderlyingProblemShape;
+  using StrideA = typename CutlassKernel::InternalStrideA;
+  using StrideB = typename CutlassKernel::InternalStrideB;
+  using StrideOut = typename CutlassKernel::InternalStrideD;
+  using DeviceArgs = GroupedGemmDeviceArgs<UnderlyingProblemShape, Element, Element, Element, StrideA, StrideB,
+                                           StrideOut>;
+  static_assert(sizeof(UnderlyingProblemShape) <= kProblemShapeSlotBytes,
+                "problem shape does not fit its workspace slot");
+  static_assert(sizeof(StrideA) <= kStrideSlotBytes && sizeof(StrideB) <= kStrideSlotBytes &&
+                    sizeof(StrideOut) <= kStrideSlotBytes,
+                "a stride type does not fit its workspace slot");
+};
+
 template <class Kernel>
 size_t ptr_array_cutlass_workspace_size(int num_experts, int sm_count) {
-  typename Kernel::DeviceArgs dev{};
+  typename Kernel::Args::DeviceArgs dev{};
   return Kernel::Gemm::get_workspace_size(Kernel::make_arguments(dev, num_experts, sm_count));
 }
 
@@ -36,14 +53,15 @@ Status run_ptr_array_grouped_gemm(const GroupedGemmParams& p, const char* op) {
                          " bytes is smaller than the " + std::to_string(layout.total) + " needed");
   }
   auto* base = static_cast<uint8_t*>(p.workspace);
-  typename Kernel::DeviceArgs dev{
-      reinterpret_cast<typename Kernel::ProblemShape::UnderlyingProblemShape*>(base + layout.problem_shapes),
+  using Args = typename Kernel::Args;
+  typename Args::DeviceArgs dev{
+      reinterpret_cast<typename Args::UnderlyingProblemShape*>(base + layout.problem_shapes),
       reinterpret_cast<const Element**>(base + layout.ptr_a),
       reinterpret_cast<const Element**>(base + layout.ptr_b),
       reinterpret_cast<Element**>(base + layout.ptr_out),
-      reinterpret_cast<typename Kernel::StrideA*>(base + layout.stride_a),
-      reinterpret_cast<typename Kernel::StrideB*>(base + layout.stride_b),
-      reinterpret_cast<typename Kernel::StrideOut*>(base + layout.stride_out)};
+      reinterpret_cast<typename Args::StrideA*>(base + layout.stride_a),
+      reinterpret_cast<typename Args::StrideB*>(base + layout.stride_b),
+      reinterpret_cast<typename Args::StrideOut*>(base + layout.stride_out)};
   if (p.addend_rows != nullptr) {  // K6's router addend: only sm100's KN addend kernel gets here with it
     dev.ptr_addend_scale = reinterpret_cast<const float**>(base + layout.ptr_addend_scale);
     dev.ptr_addend_rows = reinterpret_cast<const Element**>(base + layout.ptr_addend_rows);

@@ -103,20 +103,9 @@ struct GroupedGemmKernel {
                                                       CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideOut = typename Kernel::InternalStrideD;
-  using DeviceArgs = GroupedGemmDeviceArgs<typename ProblemShape::UnderlyingProblemShape, Element,
-                                           Element, Element, StrideA, StrideB, StrideOut>;
+  using Args = PtrArrayArgs<Kernel, Element>;  // the per-expert arrays, in the shared workspace
 
-  // The workspace slots (common/grouped_gemm_workspace.h) are shared with sm90.
-  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) <= kProblemShapeSlotBytes,
-                "problem shape does not fit its workspace slot");
-  static_assert(sizeof(StrideA) <= kStrideSlotBytes && sizeof(StrideB) <= kStrideSlotBytes &&
-                    sizeof(StrideOut) <= kStrideSlotBytes,
-                "a stride type does not fit its workspace slot");
-
-  static typename Gemm::Arguments make_arguments(const DeviceArgs& dev, int num_experts,
+  static typename Gemm::Arguments make_arguments(const typename Args::DeviceArgs& dev, int num_experts,
                                                  int sm_count) {
     cutlass::KernelHardwareInfo hw_info;
     hw_info.sm_count = sm_count;

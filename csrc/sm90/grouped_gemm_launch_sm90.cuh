@@ -68,19 +68,9 @@ struct GroupedGemmKernel {
                                                       CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideOut = typename Kernel::InternalStrideD;
-  using DeviceArgs = GroupedGemmDeviceArgs<typename ProblemShape::UnderlyingProblemShape, Element,
-                                           Element, Element, StrideA, StrideB, StrideOut>;
+  using Args = PtrArrayArgs<Kernel, Element>;  // the per-expert arrays, in the shared workspace
 
-  static_assert(sizeof(typename ProblemShape::UnderlyingProblemShape) <= kProblemShapeSlotBytes,
-                "problem shape does not fit its workspace slot");
-  static_assert(sizeof(StrideA) <= kStrideSlotBytes && sizeof(StrideB) <= kStrideSlotBytes &&
-                    sizeof(StrideOut) <= kStrideSlotBytes,
-                "a stride type does not fit its workspace slot");
-
-  static typename Gemm::Arguments make_arguments(const DeviceArgs& dev, int num_experts,
+  static typename Gemm::Arguments make_arguments(const typename Args::DeviceArgs& dev, int num_experts,
                                                  int sm_count) {
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
