@@ -753,6 +753,7 @@ def bench_forward_kernels(name, cfg, parts=None):
     for tile, short in VARLEN_TILES.items():
         fns[f"K1_{short}"] = (k1(tile), 2 * gemm)
         fns[f"K2_{short}"] = (k2(tile), gemm)
+    fns["K2_pp_n192"] = (k2("varlen_pingpong_128x192x64"), gemm)  # K2's own tile
     return time_kernels(name, fns, parts)
 
 
@@ -877,8 +878,9 @@ def plot(rows, path):
 KERNEL_TABLES = {
     "forward_kernels": (bench_forward_kernels,
                         tuple(f"K{i}_{short}" for i in (1, 2) for short in VARLEN_TILES.values())
-                        + ("K2_auto", "K1_no_h"),
-                        "pp = ping-pong 128x128, co_n256 / co_m256 = cooperative 128x256 / 256x128 (_c2x1: in 2 x 1 clusters); "
+                        + ("K2_pp_n192", "K2_auto", "K1_no_h"),
+                        "pp = ping-pong 128x128 (pp_n192: 128x192, K2 only), co_n256 / co_m256 = cooperative 128x256 / "
+                        "256x128 (_c2x1: in 2 x 1 clusters); "
                         "K2_auto = CUTLASS ptr-array; K1_no_h = K1 (auto) storing only A"),
     "backward_kernels": (bench_backward_kernels,
                          ("K4_down_proj_grad", "K4_pp", "K4_co_n256", "K4_co_m256", "K4_co_n256_c2x1", "K6_grouped_gemm_kn", "K6_pp",

@@ -18,19 +18,25 @@ inline std::string rule_message(const char* op, const char* name, int64_t value,
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The varlen configurations are the numbers from the first one to the last GemmTileConfig; the
-// rules' messages name that range, so a new configuration extends them by itself.
+// The varlen configurations every varlen op takes are the numbers from the first one to
+// kLastVarlenConfig, and K2's own ones follow them to the last GemmTileConfig; the rules'
+// messages name that range, so a new configuration extends them by itself.
 constexpr int kFirstVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenPingpong128x128x64);
+constexpr int kLastVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenCooperative128x256x64C2x1);
 constexpr bool varlen_configs_are_the_last() {
-  for (int c = 1; c < kNumGemmTileConfigs; ++c)
-    if (is_varlen_config(static_cast<GemmTileConfig>(c)) != (c >= kFirstVarlenConfig)) return false;
+  for (int c = 1; c < kNumGemmTileConfigs; ++c) {
+    const auto config = static_cast<GemmTileConfig>(c);
+    if (is_varlen_config(config) != (c >= kFirstVarlenConfig && c <= kLastVarlenConfig)) return false;
+    if (is_grouped_gemm_only_config(config) != (c > kLastVarlenConfig)) return false;
+  }
   return true;
 }
-static_assert(varlen_configs_are_the_last(), "the varlen configurations must be the last GemmTileConfigs");
+static_assert(varlen_configs_are_the_last(),
+              "the varlen configurations must be the last GemmTileConfigs, K2's own ones after the rest");
 
-// "7 to 10" (the range of varlen configurations, for the rules' messages).
+// "7 to 10" (the range of varlen configurations every varlen op takes, for the rules' messages).
 inline std::string varlen_config_range() {
-  return std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kNumGemmTileConfigs - 1);
+  return std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kLastVarlenConfig);
 }
 
 // The rules every expert-MLP kernel shares (K1, K4: params with num_experts, num_tokens,

@@ -218,7 +218,10 @@ Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig
   int device = 0;
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
   GemmTileConfig chosen = rule;
-  if (lookup(device, key, &chosen)) return launch(chosen);
+  // A cached choice outside this op's candidates (a hand-edited file) is not launched.
+  if (lookup(device, key, &chosen) && std::find(candidates.begin(), candidates.end(), chosen) != candidates.end())
+    return launch(chosen);
+  chosen = rule;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
     (void)cudaGetLastError();  // e.g. the legacy stream while another captures: not ours to tune

@@ -96,6 +96,7 @@ Status launch_nk(const GroupedGemmParams& params, GemmTileConfig config) {
       return sm90::run_varlen_grouped_gemm_cooperative_256x128(params);
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
       return sm90::run_varlen_grouped_gemm_cooperative_128x256_c2x1(params);
+    case GemmTileConfig::kVarlenPingpong128x192x64: return sm90::run_varlen_grouped_gemm_pingpong_128x192(params);
     default: return dispatch(PtrArrayGemmTileConfigs{}, config, params);
   }
 }
@@ -103,11 +104,12 @@ Status launch_nk(const GroupedGemmParams& params, GemmTileConfig config) {
 template <GemmTileConfig... Configs>
 std::vector<GemmTileConfig> with_ptr_array(GemmTileConfigList<Configs...>) {
   std::vector<GemmTileConfig> c = autotune::varlen_candidates();
+  c.push_back(GemmTileConfig::kVarlenPingpong128x192x64);
   (c.push_back(Configs), ...);
   return c;
 }
 
-// K2's candidates: the varlen configurations and CUTLASS's ptr-array ones.
+// K2's candidates: the varlen configurations, K2's own varlen one and CUTLASS's ptr-array ones.
 const std::vector<GemmTileConfig>& all_candidates() {
   static const std::vector<GemmTileConfig> c = with_ptr_array(PtrArrayGemmTileConfigs{});
   return c;
@@ -210,9 +212,11 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
     return value_rule("config", config,
                       ("b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or " +
                        varlen_config_range()).c_str());
-  if (p.partial_rows && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
+  if (p.partial_rows && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config) &&
+      !is_grouped_gemm_only_config(p.config))
     return value_rule("config", config,
-                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + varlen_config_range()).c_str());
+                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + std::to_string(kFirstVarlenConfig) +
+                       " to " + std::to_string(kNumGemmTileConfigs - 1)).c_str());
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,

@@ -23,6 +23,8 @@ Status run_varlen_grouped_gemm(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_128x256_c2x1(const GroupedGemmParams& params);
+// K2 alone: ping-pong 128 x 192 tiles (kVarlenPingpong128x192x64).
+Status run_varlen_grouped_gemm_pingpong_128x192(const GroupedGemmParams& params);
 
 // K6 layout: out = a @ b[e], b (E, k, n_out) (WeightLayout::kKN), on the varlen kernel, one
 // per varlen configuration.

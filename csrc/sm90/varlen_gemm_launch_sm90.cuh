@@ -181,6 +181,12 @@ Status launch_varlen_k_gemm(typename Kernel::Params& params, const VarlenProblem
 constexpr int kVarlenTileM = 128, kVarlenTileN = 128, kVarlenTileK = 64, kVarlenStages = 6;
 // A cooperative tile's stage is 48 KB: 4 of them and the two staging buffers fill smem.
 constexpr int kVarlenCooperativeStages = 4;
+// A ping-pong 128 x 192 stage is 40 KB: 5 of them and two 64 x 64 staging windows.
+constexpr int kVarlenPingpong192Stages = 5;
+
+constexpr int varlen_stages(GemmTileShape s) {
+  return !s.pingpong ? kVarlenCooperativeStages : s.n == 192 ? kVarlenPingpong192Stages : kVarlenStages;
+}
 
 // The varlen-M mainloop of a varlen configuration (tile_size.h).
 // kVarlenCooperative128x256x64C2x1 runs in 2 x 1 clusters sharing B (a wide tile's B is 2/3 of
@@ -188,7 +194,7 @@ constexpr int kVarlenCooperativeStages = 4;
 template <GemmTileConfig kConfig, bool kGatherA, bool kKMajorB>
 using VarlenMainloopFor =
     VarlenMainloop<gemm_tile_shape(kConfig).m, gemm_tile_shape(kConfig).n, kVarlenTileK,
-                   gemm_tile_shape(kConfig).pingpong ? kVarlenStages : kVarlenCooperativeStages, kGatherA,
+                   varlen_stages(gemm_tile_shape(kConfig)), kGatherA,
                    kKMajorB, gemm_tile_shape(kConfig).pingpong ? 1 : 2,
                    gemm_tile_shape(kConfig).cluster_m>;
 

@@ -7,9 +7,9 @@ pure-PyTorch reference MoE; and sonicmoe.moe / moe_routed / MoE on top of them (
 """
 
 from . import parallel, reference
-from ._ops import (GEMM_TILE_CONFIGS, GLU_ACTIVATIONS, autotune_cache_path, autotune_clear, combine, combine_csr,
-                   combine_dx, device_routing_metadata, down_proj_grad, extension_available, grouped_gemm,
-                   grouped_gemm_kn, h_column_order, kernel_archs, router_topk, up_proj, weight_grad)
+from ._ops import (GEMM_TILE_CONFIGS, GLU_ACTIVATIONS, VARLEN_TILE_CONFIGS, autotune_cache_path, autotune_clear,
+                   combine, combine_csr, combine_dx, device_routing_metadata, down_proj_grad, extension_available,
+                   grouped_gemm, grouped_gemm_kn, h_column_order, kernel_archs, router_topk, up_proj, weight_grad)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -17,6 +17,7 @@ from .routing import RoutingMetadata, routing_metadata
 __all__ = [
     "GEMM_TILE_CONFIGS",
     "GLU_ACTIVATIONS",
+    "VARLEN_TILE_CONFIGS",
     "MoE",
     "build_info",
     "RoutingMetadata",

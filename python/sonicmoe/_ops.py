@@ -25,7 +25,13 @@ GEMM_TILE_CONFIGS = {
     "varlen_cooperative_128x256x64": 8,
     "varlen_cooperative_256x128x64": 9,
     "varlen_cooperative_128x256x64_c2x1": 10,
+    "varlen_pingpong_128x192x64": 11,  # grouped_gemm (K2) only
 }
+# The varlen kernel's configurations every varlen op takes (up_proj, down_proj_grad, grouped_gemm_kn,
+# weight_grad within its own rules); grouped_gemm also takes the rest.
+# (csrc/sonicmoe.h, is_varlen_config).
+VARLEN_TILE_CONFIGS = ("varlen_pingpong_128x128x64", "varlen_cooperative_128x256x64", "varlen_cooperative_256x128x64",
+                       "varlen_cooperative_128x256x64_c2x1")
 
 
 # The gated activations of K1's and K4's epilogues (csrc/sonicmoe.h, GluActivation): A = act(gate) * up
@@ -195,7 +201,7 @@ def up_proj(
     both from routing_metadata. Returns (h (M, 2n), a (M, n)), bf16: h is H in the kernels'
     column order, which down_proj_grad reads (h_column_order(h) is H); h has 0 rows when
     keep_h is False (inference: H is only kept for backward). tile_config: "auto" or one of the
-    varlen kernel's configurations ("varlen_*" in GEMM_TILE_CONFIGS; same results).
+    varlen kernel's configurations (VARLEN_TILE_CONFIGS; same results).
     """
     _require_extension()
     return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows,

@@ -18,7 +18,7 @@ def rel(a, b):
 # K4 on every varlen configuration; a 128 x 256 tile writes two score-gradient slots (128
 # columns each), the second one only where it starts below n.
 K4_CONFIGS = pytest.mark.parametrize(
-    "tile_config", [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
+    "tile_config", list(sonicmoe.VARLEN_TILE_CONFIGS))
 
 
 # "auto" takes the cooperative 128 x 256 tile for a wide output over experts with >= 1024 rows
@@ -27,7 +27,7 @@ K4_CONFIGS = pytest.mark.parametrize(
 # (8, 8, 1) leaves a partial n tile on every configuration, (72, 136, 8) one 16-byte chunk past a
 # whole 128-column tile.
 @pytest.mark.parametrize("addend", [False, True])
-@pytest.mark.parametrize("tile_config", ["auto"] + [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
+@pytest.mark.parametrize("tile_config", ["auto"] + list(sonicmoe.VARLEN_TILE_CONFIGS))
 @pytest.mark.parametrize("k,n_out,E", [(512, 1536, 128), (2048, 4096, 16), (72, 136, 8), (8, 8, 1), (256, 4096, 2),
                                        (1024, 4096, 128)])
 def test_grouped_gemm_kn(k, n_out, E, tile_config, addend):
@@ -126,7 +126,7 @@ def test_down_proj_grad_auto(T, d, n, E, K):
 
 
 # Token rounding runs K4 on upper-bound buffers: rows past expert_offsets[E] are left alone.
-@pytest.mark.parametrize("tile_config", ["auto"] + [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
+@pytest.mark.parametrize("tile_config", ["auto"] + list(sonicmoe.VARLEN_TILE_CONFIGS))
 @pytest.mark.parametrize("T,d,n,E,K,tail_rows", [(300, 256, 256, 8, 2, 77), (200, 4096, 512, 8, 2, 200)])
 def test_down_proj_grad_partial_rows(T, d, n, E, K, tail_rows, tile_config):
     check_down_proj_grad(T, d, n, E, K, tile_config, tail_rows)

@@ -63,7 +63,7 @@ def check(x, w1, offs, gather_idx, keep_h=True, tile_config="auto", activation="
 # cooperative 128 x 256 (two B boxes per SwiGLU half) or cooperative 256 x 128 (both store from
 # registers through the quad transpose).
 VARLEN_CONFIGS = pytest.mark.parametrize(
-    "tile_config", [c for c in sonicmoe.GEMM_TILE_CONFIGS if c.startswith("varlen")])
+    "tile_config", list(sonicmoe.VARLEN_TILE_CONFIGS))
 
 
 @VARLEN_CONFIGS

@@ -58,8 +58,8 @@ struct VarlenMainloop {
   static constexpr int kClusterM = kClusterM_;  // CTAs sharing B by multicast (1 or 2)
   static constexpr int kWarpgroupRows = kTileM / kConsumers;
   static_assert(kConsumers == 1 || kConsumers == 2, "ping-pong or cooperative");
-  static_assert(kWarpgroupRows % 64 == 0 && kWarpgroupRows * kTileN <= 128 * 128,
-                "64-row WGMMA blocks; at most 128 fp32 accumulators per consumer thread");
+  static_assert(kWarpgroupRows % 64 == 0 && kWarpgroupRows * kTileN <= 128 * 192,
+                "64-row WGMMA blocks; at most 192 fp32 accumulators per consumer thread");
   static_assert(kTileK == 64, "one 128-byte swizzle row per tile row (bf16)");
   static_assert(kTileN % kBoxRowsB == 0 && kTileM % 64 == 0, "tile sizes");
   static_assert(kClusterM == 1 || (kClusterM == 2 && kBoxesB % 2 == 0), "B's boxes split over the cluster");
@@ -80,13 +80,12 @@ struct VarlenMainloop {
   // One 64 x kTileN WGMMA atom per warpgroup, laid out along M: a ping-pong warpgroup repeats
   // it over its 128 rows, cooperative warpgroup w runs rows 64 w (and 64 w + 128 in a 256-row
   // tile); the epilogue finds its rows from the MMA coordinates.
+  static constexpr auto kMajorB = kKMajorB ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
   using MmaAtom = cute::conditional_t<
-      kTileN == 256,
-      cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K,
-                                          kKMajorB ? cute::GMMA::Major::K : cute::GMMA::Major::MN>,
-      cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K,
-                                          kKMajorB ? cute::GMMA::Major::K : cute::GMMA::Major::MN>>;
-  static_assert(kTileN == 128 || kTileN == 256, "64x128 or 64x256 MMA atoms");
+      kTileN == 256, cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, kMajorB>,
+      cute::conditional_t<kTileN == 192, cute::SM90_64x192x16_F32BF16BF16_SS<cute::GMMA::Major::K, kMajorB>,
+                          cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, kMajorB>>>;
+  static_assert(kTileN == 128 || kTileN == 192 || kTileN == 256, "64x128, 64x192 or 64x256 MMA atoms");
   using TiledMma = decltype(cute::make_tiled_mma(
       MmaAtom{}, cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>{}));
 

@@ -31,13 +31,13 @@ namespace sonicmoe::sm90 {
 enum class TileStore { kStaged, kQuadTranspose };
 
 // A warpgroup's accumulators leave in halves of 64 rows (its 64-row WGMMA blocks, mode 1 of
-// the accumulator) and windows of at most 128 columns, so the staging buffer is one 64 x 128
-// window: shared memory goes to mainloop stages. A ping-pong warpgroup owns the whole tile
+// the accumulator) and windows of at most 128 columns (64 for a 192-column tile), so the staging
+// buffer is one 64 x 128 window at most: shared memory goes to mainloop stages. A ping-pong warpgroup owns the whole tile
 // (halves at rows 0 and 64); in a cooperative tile the coordinates say where its halves start.
 template <int kTileM, int kTileN>
 struct EpilogueTile {
   static constexpr int kHalfRows = 64;
-  static constexpr int kWindowCols = kTileN < 128 ? kTileN : 128;
+  static constexpr int kWindowCols = kTileN < 128 ? kTileN : (kTileN % 128 == 0 ? 128 : 64);
   static constexpr int kWindows = kTileN / kWindowCols;
   static constexpr int kPitch = kWindowCols + 8;  // elements per shared-memory row
   using Element = cutlass::bfloat16_t;
