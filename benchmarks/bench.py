@@ -761,7 +761,8 @@ def bench_forward_kernels(name, cfg, parts=None):
 VARLEN_PP = "varlen_pingpong_128x128x64"
 VARLEN_CO_C2X1 = "varlen_cooperative_128x256x64_c2x1"
 VARLEN_TILES = {VARLEN_PP: "pp", "varlen_cooperative_128x256x64": "co_n256",
-                "varlen_cooperative_256x128x64": "co_m256", VARLEN_CO_C2X1: "co_n256_c2x1"}
+                "varlen_cooperative_256x128x64": "co_m256", VARLEN_CO_C2X1: "co_n256_c2x1",
+                "varlen_pingpong_128x128x64_c2x1": "pp_c2x1"}
 
 
 TOKEN_ROUNDING_SWEEPS = {
@@ -883,12 +884,12 @@ KERNEL_TABLES = {
                         "256x128 (_c2x1: in 2 x 1 clusters); "
                         "K2_auto = CUTLASS ptr-array; K1_no_h = K1 (auto) storing only A"),
     "backward_kernels": (bench_backward_kernels,
-                         ("K4_down_proj_grad", "K4_pp", "K4_co_n256", "K4_co_m256", "K4_co_n256_c2x1", "K6_grouped_gemm_kn", "K6_pp",
-                          "K6_co_n256", "K6_co_m256", "K6_co_n256_c2x1",
+                         ("K4_down_proj_grad", "K4_pp", "K4_co_n256", "K4_co_m256", "K4_co_n256_c2x1", "K4_pp_c2x1",
+                          "K6_grouped_gemm_kn", "K6_pp", "K6_co_n256", "K6_co_m256", "K6_co_n256_c2x1", "K6_pp_c2x1",
                           "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
                           "K5_co_c2x1", "K7_co_c2x1", "gather_gmm_dw2", "gather_gmm_dw1"),
                          "K4, K6 = auto; _pp = ping-pong 128x128, _co_n256 / _co_m256 = cooperative "
-                         "128x256 / 256x128; "
+                         "128x256 / 256x128 (_c2x1: in 2 x 1 clusters); "
                          "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), _co_c2x1 = cooperative in 2 x 1 clusters, gather_gmm = gathered copy + torch._grouped_mm"),
 }
 

@@ -71,19 +71,22 @@ enum class GemmTileConfig : int {
   // The 128 x 256 one in 2 x 1 clusters: the CTAs of a cluster run consecutive tiles and share
   // B by TMA multicast where both need the same B (K1, K2, K4, K6; not the weight gradients).
   kVarlenCooperative128x256x64C2x1 = 10,
+  // The ping-pong 128 x 128 tile in 2 x 1 clusters sharing B by multicast (upstream's dH tile):
+  // each CTA's two consumer warpgroups take alternate pairs, the same parity in both CTAs.
+  kVarlenPingpong128x128x64C2x1 = 11,
   // K2 only (grouped_gemm, b_layout NK): a ping-pong warpgroup owns a 128 x 192 tile (192 fp32
   // accumulators a thread), for short K loops (the down-projection at n < 1024) where the tile's
   // stores weigh and ping-pong hides them; 64-column B boxes, which K1's gate / up halves of 96
   // columns do not fit.
-  kVarlenPingpong128x192x64 = 11,
+  kVarlenPingpong128x192x64 = 12,
 };
-constexpr int kNumGemmTileConfigs = 12;  // including kAuto
+constexpr int kNumGemmTileConfigs = 13;  // including kAuto
 
 // The varlen kernel's configurations that every varlen op takes (K1 runs on these only).
 constexpr bool is_varlen_config(GemmTileConfig c) {
   return c == GemmTileConfig::kVarlenPingpong128x128x64 || c == GemmTileConfig::kVarlenCooperative128x256x64 ||
          c == GemmTileConfig::kVarlenCooperative128x256x64C2x1 ||
-         c == GemmTileConfig::kVarlenCooperative256x128x64;
+         c == GemmTileConfig::kVarlenCooperative256x128x64 || c == GemmTileConfig::kVarlenPingpong128x128x64C2x1;
 }
 
 // The varlen configurations of K2 alone (grouped_gemm with b_layout NK), after every other one.

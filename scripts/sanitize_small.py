@@ -4,7 +4,8 @@ upper-bound buffers), at n 384 (the top-K backward's tail on a second stream bes
 at n 256 (where eager dW1 runs on K7), softmax_topk_norm with the router's part of dx folded into
 K6; GeGLU and ReGLU once each; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
 it only at d >= 3072, and for K5 / K7 at 2048 rows per expert), on ragged routing with an odd tile
-count (a pair's empty half) and on upper-bound buffers. scripts/gpu_check.sh runs it under both
+count (a pair's empty half) and on upper-bound buffers; K1, K2, K4 and K6 likewise on the ping-pong
+tile in 2 x 1 clusters. scripts/gpu_check.sh runs it under both
 tools; on its own:
 
     PYTHONPATH=python compute-sanitizer --tool racecheck python3 scripts/sanitize_small.py
@@ -90,3 +91,25 @@ for partial in (False, True):
     print("c2x1", "partial_rows" if partial else "exact rows",
           "h, a, y, d_h, a', dS, dx~, dx~ + addend (c2x1, co 128x256, co 256x128), dw2, dw1, dw1 (odd) norms:",
           " ".join(f"{v:.4g}" for v in norms))
+
+# The ping-pong tile in 2 x 1 clusters: K1, K2, K4, K6 (with and without the addend), the same
+# ragged routing (odd tile counts leave a pair's second tile empty), exact and upper-bound rows.
+PP_C2X1 = "varlen_pingpong_128x128x64_c2x1"
+g = meta.gather_idx
+for partial in (False, True):
+    if partial:
+        g = torch.cat([g, torch.zeros(40, dtype=g.dtype, device="cuda")])
+    h, a = sonicmoe.up_proj(x.detach(), w1, off, g, partial_rows=partial, tile_config=PP_C2X1)
+    y = sonicmoe.grouped_gemm(a, w2, off, tile_config=PP_C2X1, partial_rows=partial)
+    d_out = torch.randn(T, d, device="cuda").bfloat16()
+    d_h, a_scaled, d_s = down_proj_grad(d_out, w2, h, torch.rand(g.shape[0], device="cuda"), off, g,
+                                        partial_rows=partial, tile_config=PP_C2X1)
+    dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=PP_C2X1)
+    scale, rows_e = torch.randn(g.shape[0], device="cuda"), torch.randn(E, d, device="cuda").bfloat16()
+    dx_rows_addend = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=PP_C2X1, addend_scale=scale,
+                                     addend_rows=rows_e)
+    torch.cuda.synchronize()
+    rows = int(off[-1])  # ok-host: a test script
+    norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows, dx_rows_addend)]
+    print("pingpong c2x1", "partial_rows" if partial else "exact rows",
+          "h, a, y, d_h, a', dS, dx~, dx~ + addend norms:", " ".join(f"{v:.4g}" for v in norms))

@@ -22,7 +22,7 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // kLastVarlenConfig, and K2's own ones follow them to the last GemmTileConfig; the rules'
 // messages name that range, so a new configuration extends them by itself.
 constexpr int kFirstVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenPingpong128x128x64);
-constexpr int kLastVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenCooperative128x256x64C2x1);
+constexpr int kLastVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenPingpong128x128x64C2x1);
 constexpr bool varlen_configs_are_the_last() {
   for (int c = 1; c < kNumGemmTileConfigs; ++c) {
     const auto config = static_cast<GemmTileConfig>(c);
@@ -34,7 +34,7 @@ constexpr bool varlen_configs_are_the_last() {
 static_assert(varlen_configs_are_the_last(),
               "the varlen configurations must be the last GemmTileConfigs, K2's own ones after the rest");
 
-// "7 to 10" (the range of varlen configurations every varlen op takes, for the rules' messages).
+// "7 to 11" (the range of varlen configurations every varlen op takes, for the rules' messages).
 inline std::string varlen_config_range() {
   return std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kLastVarlenConfig);
 }

@@ -33,6 +33,7 @@ constexpr GemmTileShape gemm_tile_shape(GemmTileConfig config) {
     case GemmTileConfig::kVarlenCooperative128x256x64: return {128, 256, 64, 1, 1, false};
     case GemmTileConfig::kVarlenCooperative256x128x64: return {256, 128, 64, 1, 1, false};
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return {128, 256, 64, 2, 1, false};
+    case GemmTileConfig::kVarlenPingpong128x128x64C2x1: return {128, 128, 64, 2, 1, true};
     case GemmTileConfig::kVarlenPingpong128x192x64: return {128, 192, 64, 1, 1, true};
     case GemmTileConfig::kAuto: break;
   }
@@ -52,6 +53,7 @@ constexpr const char* gemm_tile_config_name(GemmTileConfig config) {
     case GemmTileConfig::kVarlenCooperative128x256x64: return "varlen_cooperative_128x256x64";
     case GemmTileConfig::kVarlenCooperative256x128x64: return "varlen_cooperative_256x128x64";
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return "varlen_cooperative_128x256x64_c2x1";
+    case GemmTileConfig::kVarlenPingpong128x128x64C2x1: return "varlen_pingpong_128x128x64_c2x1";
     case GemmTileConfig::kVarlenPingpong128x192x64: return "varlen_pingpong_128x192x64";
   }
   return "unknown";

@@ -63,7 +63,8 @@ int choose_fastest(const std::vector<GemmTileConfig>& candidates, const std::vec
 inline const std::vector<GemmTileConfig>& varlen_candidates() {
   static const std::vector<GemmTileConfig> c{
       GemmTileConfig::kVarlenPingpong128x128x64, GemmTileConfig::kVarlenCooperative128x256x64,
-      GemmTileConfig::kVarlenCooperative256x128x64, GemmTileConfig::kVarlenCooperative128x256x64C2x1};
+      GemmTileConfig::kVarlenCooperative256x128x64, GemmTileConfig::kVarlenCooperative128x256x64C2x1,
+      GemmTileConfig::kVarlenPingpong128x128x64C2x1};
   return c;
 }
 

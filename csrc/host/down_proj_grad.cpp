@@ -24,6 +24,7 @@ Status launch_down_proj_grad(const DownProjGradParams& p, GemmTileConfig config)
     case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_down_proj_grad_cooperative_128x256(p);
     case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_down_proj_grad_cooperative_256x128(p);
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return sm90::run_down_proj_grad_cooperative_128x256_c2x1(p);
+    case GemmTileConfig::kVarlenPingpong128x128x64C2x1: return sm90::run_down_proj_grad_pingpong_128x128_c2x1(p);
     default:
       return Status::error("down_proj_grad: no kernel for tile config " + std::to_string(static_cast<int>(config)));
   }

@@ -81,6 +81,10 @@ Status launch_kn(const GroupedGemmParams& params, GemmTileConfig config) {
       plain = sm90::run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1;
       addend = sm90::run_varlen_grouped_gemm_kn_addend_cooperative_128x256_c2x1;
       break;
+    case GemmTileConfig::kVarlenPingpong128x128x64C2x1:
+      plain = sm90::run_varlen_grouped_gemm_kn_pingpong_128x128_c2x1;
+      addend = sm90::run_varlen_grouped_gemm_kn_addend_pingpong_128x128_c2x1;
+      break;
     default:
       return Status::error("grouped_gemm: no KN kernel for tile config " + std::to_string(static_cast<int>(config)));
   }
@@ -96,6 +100,8 @@ Status launch_nk(const GroupedGemmParams& params, GemmTileConfig config) {
       return sm90::run_varlen_grouped_gemm_cooperative_256x128(params);
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1:
       return sm90::run_varlen_grouped_gemm_cooperative_128x256_c2x1(params);
+    case GemmTileConfig::kVarlenPingpong128x128x64C2x1:
+      return sm90::run_varlen_grouped_gemm_pingpong_128x128_c2x1(params);
     case GemmTileConfig::kVarlenPingpong128x192x64: return sm90::run_varlen_grouped_gemm_pingpong_128x192(params);
     default: return dispatch(PtrArrayGemmTileConfigs{}, config, params);
   }

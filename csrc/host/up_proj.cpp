@@ -25,6 +25,7 @@ Status launch_up_proj(const UpProjParams& p, GemmTileConfig config) {
     case GemmTileConfig::kVarlenCooperative128x256x64: return sm90::run_up_proj_cooperative_128x256(p);
     case GemmTileConfig::kVarlenCooperative256x128x64: return sm90::run_up_proj_cooperative_256x128(p);
     case GemmTileConfig::kVarlenCooperative128x256x64C2x1: return sm90::run_up_proj_cooperative_128x256_c2x1(p);
+    case GemmTileConfig::kVarlenPingpong128x128x64C2x1: return sm90::run_up_proj_pingpong_128x128_c2x1(p);
     default: return Status::error("up_proj: no kernel for tile config " + std::to_string(static_cast<int>(config)));
   }
 #else

@@ -23,6 +23,7 @@ Status run_varlen_grouped_gemm(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_128x256_c2x1(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_pingpong_128x128_c2x1(const GroupedGemmParams& params);
 // K2 alone: ping-pong 128 x 192 tiles (kVarlenPingpong128x192x64).
 Status run_varlen_grouped_gemm_pingpong_128x192(const GroupedGemmParams& params);
 
@@ -32,11 +33,13 @@ Status run_varlen_grouped_gemm_kn(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_pingpong_128x128_c2x1(const GroupedGemmParams& params);
 // The same adding addend_scale[r] * addend_rows[e] to each row (RowAddendStoreEpilogue).
 Status run_varlen_grouped_gemm_kn_addend(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_addend_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_addend_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_addend_cooperative_128x256_c2x1(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_addend_pingpong_128x128_c2x1(const GroupedGemmParams& params);
 
 // K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed, one per varlen
 // configuration (a 256-column tile writes two 128-column score slots).
@@ -44,12 +47,14 @@ Status run_down_proj_grad(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_256x128(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_128x256(const DownProjGradParams& params);
 Status run_down_proj_grad_cooperative_128x256_c2x1(const DownProjGradParams& params);
+Status run_down_proj_grad_pingpong_128x128_c2x1(const DownProjGradParams& params);
 
 // K1 (run_up_proj of sonicmoe.h) once the host rules have passed, one per varlen configuration.
 Status run_up_proj(const UpProjParams& params);
 Status run_up_proj_cooperative_128x256(const UpProjParams& params);
 Status run_up_proj_cooperative_256x128(const UpProjParams& params);
 Status run_up_proj_cooperative_128x256_c2x1(const UpProjParams& params);
+Status run_up_proj_pingpong_128x128_c2x1(const UpProjParams& params);
 
 // K5 / K7 (run_weight_grad of sonicmoe.h) once the host rules have passed: ping-pong 128 x 128,
 // or cooperative with the gathered side 128 wide (128 x 256 gathering A, 256 x 128 gathering B),

@@ -33,8 +33,10 @@ struct VarlenGemmKernel {
   static constexpr int kTileM = Mainloop::kTileM;
   static constexpr int kTileN = Mainloop::kTileN;
   static constexpr bool kCooperative = Mainloop::kConsumers == 2;
-  static constexpr int kClusterM = Mainloop::kClusterM;  // launched in 2 x 1 clusters when 2
-  static_assert(kClusterM == 1 || kCooperative, "clusters only on cooperative tiles");
+  // Launched in 2 x 1 clusters when 2, on either schedule: both CTAs walk the same pairs, so a
+  // ping-pong pair has the same consumer in both and each stage's releases (both CTAs') come
+  // from that consumer's warps.
+  static constexpr int kClusterM = Mainloop::kClusterM;
   static_assert(Mainloop::kConsumers == 1 || kCooperative, "one or two consumer warpgroups per tile");
   static_assert(check_epilogue_interface<Epilogue>(), "the epilogue interface (epilogue/epilogue_interface.h)");
   static constexpr int kThreads = 384;

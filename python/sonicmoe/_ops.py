@@ -25,13 +25,14 @@ GEMM_TILE_CONFIGS = {
     "varlen_cooperative_128x256x64": 8,
     "varlen_cooperative_256x128x64": 9,
     "varlen_cooperative_128x256x64_c2x1": 10,
-    "varlen_pingpong_128x192x64": 11,  # grouped_gemm (K2) only
+    "varlen_pingpong_128x128x64_c2x1": 11,
+    "varlen_pingpong_128x192x64": 12,  # grouped_gemm (K2) only
 }
 # The varlen kernel's configurations every varlen op takes (up_proj, down_proj_grad, grouped_gemm_kn,
 # weight_grad within its own rules); grouped_gemm also takes the rest.
 # (csrc/sonicmoe.h, is_varlen_config).
 VARLEN_TILE_CONFIGS = ("varlen_pingpong_128x128x64", "varlen_cooperative_128x256x64", "varlen_cooperative_256x128x64",
-                       "varlen_cooperative_128x256x64_c2x1")
+                       "varlen_cooperative_128x256x64_c2x1", "varlen_pingpong_128x128x64_c2x1")
 
 
 # The gated activations of K1's and K4's epilogues (csrc/sonicmoe.h, GluActivation): A = act(gate) * up

@@ -59,7 +59,7 @@ TEST(Autotune, malformed_lines_are_skipped) {
   EXPECT_FALSE(at::parse_entry(good.substr(0, good.rfind(' ')), &key, &config)) << "cut before the name";
   EXPECT_FALSE(at::parse_entry("9 2048 1536 19 128 132 0 7 varlen_pingpong_128x128x64", &key, &config)) << "op";
   EXPECT_FALSE(at::parse_entry("3 2048 1536 19 128 132 0 0 auto", &key, &config)) << "auto is no choice";
-  EXPECT_FALSE(at::parse_entry("3 2048 1536 19 128 132 0 11 x", &key, &config)) << "config past the enum";
+  EXPECT_FALSE(at::parse_entry("3 2048 1536 19 128 132 0 13 x", &key, &config)) << "config past the enum";
   EXPECT_FALSE(at::parse_entry("3 2048 1536 19 128 132 0 7 varlen_cooperative_128x256x64", &key, &config))
       << "the name must be the number's";
 }

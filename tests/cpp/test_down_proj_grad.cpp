@@ -22,7 +22,7 @@ TEST(DownProjGradHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](DownProjGradParams& p) { p.n = 4; }, "down_proj_grad: n = 4 breaks the rule"},
       {[](DownProjGradParams& p) { p.sm_count = 0; }, "down_proj_grad: sm_count = 0 breaks the rule"},
       {[](DownProjGradParams& p) { p.config = sonicmoe::GemmTileConfig::kPingpong128x128x64; },
-       "down_proj_grad: config = 1 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 10)"},
+       "down_proj_grad: config = 1 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 11)"},
       {[](DownProjGradParams& p) { p.m_total = INT32_MAX; p.n = 1 << 20; }, "tiles must fit in int32"},
       {[](DownProjGradParams& p) { p.activation = static_cast<sonicmoe::GluActivation>(-1); },
        "down_proj_grad: activation = -1 breaks the rule: must name a GluActivation"},

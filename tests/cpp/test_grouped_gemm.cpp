@@ -56,14 +56,14 @@ TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](GroupedGemmParams& p) { p.k = 0; }, "k = 0 breaks the rule"},
       {[](GroupedGemmParams& p) { p.n_out = 1530; }, "n_out = 1530 breaks the rule"},
       {[](GroupedGemmParams& p) { p.sm_count = 0; }, "sm_count = 0 breaks the rule"},
-      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(12); }, "config = 12 breaks"},
+      {[](GroupedGemmParams& p) { p.config = static_cast<GemmTileConfig>(13); }, "config = 13 breaks"},
       {[](GroupedGemmParams& p) { p.partial_rows = true; p.config = GemmTileConfig::kPingpong128x128x64; },
-       "config = 1 breaks the rule: partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 11"},
+       "config = 1 breaks the rule: partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 12"},
       {[](GroupedGemmParams& p) { p.b_layout = sonicmoe::WeightLayout::kKN; p.config = GemmTileConfig::kPingpong128x128x64; },
-       "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 10"},
+       "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 11"},
       // K2's own tile: K6 (b_layout KN) has no kernel for it.
       {[](GroupedGemmParams& p) { p.b_layout = sonicmoe::WeightLayout::kKN; p.config = GemmTileConfig::kVarlenPingpong128x192x64; },
-       "config = 11 breaks the rule: b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 10"},
+       "config = 12 breaks the rule: b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 11"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_grouped_gemm);
 }
@@ -299,6 +299,7 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmTileConfig::kVarlenCooperative128x256x64,
                       GemmTileConfig::kVarlenCooperative256x128x64,
                       GemmTileConfig::kVarlenCooperative128x256x64C2x1,
+                      GemmTileConfig::kVarlenPingpong128x128x64C2x1,
                       GemmTileConfig::kVarlenPingpong128x192x64),
     [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
       return std::string(sonicmoe::gemm_tile_config_name(info.param));

@@ -236,7 +236,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, SM90_UpProj,
                          ::testing::Values(GemmTileConfig::kVarlenPingpong128x128x64,
                                            GemmTileConfig::kVarlenCooperative128x256x64,
                                            GemmTileConfig::kVarlenCooperative256x128x64,
-                                           GemmTileConfig::kVarlenCooperative128x256x64C2x1),
+                                           GemmTileConfig::kVarlenCooperative128x256x64C2x1,
+                                           GemmTileConfig::kVarlenPingpong128x128x64C2x1),
                          [](const ::testing::TestParamInfo<GemmTileConfig>& info) {
                            return std::string(sonicmoe::gemm_tile_config_name(info.param));
                          });

@@ -22,7 +22,7 @@ def valid(E=4, T=30, m=40, d=64, n=32):
 
 
 @pytest.mark.parametrize("config,rule", [
-    (1, "must be 0 (auto) or a varlen configuration (7 to 10)"),
+    (1, "must be 0 (auto) or a varlen configuration (7 to 11)"),
 ])
 def test_down_proj_grad_refuses_configurations_it_does_not_run_on(config, rule):
     with pytest.raises(ValueError, match=re.escape(f"down_proj_grad: config = {config} breaks the rule: {rule}")):

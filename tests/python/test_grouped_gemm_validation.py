@@ -61,8 +61,8 @@ def test_grouped_gemm_rejects(name, mutate, exc, message):
 
 def test_grouped_gemm_rejects_unknown_tile_config_number():
     with pytest.raises(ValueError, match=re.escape(
-            "grouped_gemm: tile_config = 12 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
-        torch.ops.sonicmoe.grouped_gemm(*valid(), 12)
+            "grouped_gemm: tile_config = 13 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
+        torch.ops.sonicmoe.grouped_gemm(*valid(), 13)
 
 
 def test_python_wrapper_rejects_unknown_tile_config_name():

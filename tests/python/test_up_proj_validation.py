@@ -54,14 +54,14 @@ def test_up_proj_rejects(name, mutate, exc, message):
 
 def test_up_proj_runs_on_the_varlen_configurations_only():
     with pytest.raises(ValueError, match=re.escape(
-            "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 10)")):
+            "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 11)")):
         torch.ops.sonicmoe.up_proj(*valid(), True, False, 3)
     with pytest.raises(ValueError, match=re.escape(  # K2's own tile
-            "up_proj: config = 11 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 10)")):
-        torch.ops.sonicmoe.up_proj(*valid(), True, False, 11)
-    with pytest.raises(ValueError, match=re.escape(
-            "up_proj: tile_config = 12 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
+            "up_proj: config = 12 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 11)")):
         torch.ops.sonicmoe.up_proj(*valid(), True, False, 12)
+    with pytest.raises(ValueError, match=re.escape(
+            "up_proj: tile_config = 13 breaks the rule: must be 0 (auto) or a GemmTileConfig")):
+        torch.ops.sonicmoe.up_proj(*valid(), True, False, 13)
 
 
 def test_fake_tensor_shapes_without_a_gpu():
