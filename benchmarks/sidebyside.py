@@ -13,6 +13,8 @@ range over the rounds.
        (default swiglu); upstream is timed with SwiGLU only, so another activation leaves it out
        PROFILE=1: also each layer's kernels in one forward + backward (torch.profiler), per config,
        for the kernel-by-kernel table of docs/performance.md
+The table also gives each layer's GPU time (ms, median) beside its host time to issue the same
+work (host_issue_ms): a layer whose host time nears its GPU time is host-bound.
 
 Configs: the paper's and the anchors' eight, then MODELS (other released MoE models' shapes);
 `all` runs both lists. Upstream SonicMoE is imported as `upstream_sonicmoe` (its Dec-2025 sources
@@ -78,6 +80,22 @@ def bench(fn, warm=3, rep=10):
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_issue_ms(fn, reps=5):
+    """The host's time to issue fn's work, ms (median of reps), with the GPU held busy by a sleep
+    kernel queued first, so that no launch waits for the GPU. Where it nears fn's GPU time the layer
+    is host-bound (its kernels wait for their launches); a host sync inside fn shows as the sleep's
+    length (~0.1 s)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # GPU clock cycles: ~0.1 s, longer than any layer's host time
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 
@@ -211,6 +229,7 @@ def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
             fwd, fwd_bwd = fns[impl]
             times[impl]["f"].append(bench(fwd))
             times[impl]["fb"].append(bench(fwd_bwd))
+    host = {impl: (host_issue_ms(fwd), host_issue_ms(fwd_bwd)) for impl, (fwd, fwd_bwd) in fns.items()}
     if profile_kernels:
         for impl, (_, fwd_bwd) in fns.items():
             row[f"{impl}_kernels"] = kernel_table(fwd_bwd)
@@ -218,7 +237,8 @@ def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
         f_ms, fb_ms = statistics.median(times[impl]["f"]), statistics.median(times[impl]["fb"])
         row[impl] = {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms, "fwd_tflops": flops / f_ms / 1e9,
                      "bwd_tflops": 2 * flops / (fb_ms - f_ms) / 1e9, "fwd_bwd_tflops": 3 * flops / fb_ms / 1e9,
-                     "rounds_fwd_ms": times[impl]["f"], "rounds_fwd_bwd_ms": times[impl]["fb"]}
+                     "rounds_fwd_ms": times[impl]["f"], "rounds_fwd_bwd_ms": times[impl]["fb"],
+                     "host_fwd_ms": host[impl][0], "host_fwd_bwd_ms": host[impl][1]}
     for other in ("upstream", "torch"):
         if other in row and "project" in row:
             per_round = paired_ratios(times["project"], times[other])
@@ -247,13 +267,15 @@ def print_table(result, impls):
     print(f"\n{result['device']}, commit {result['commit']}, {result['when']}, {result.get('activation', 'swiglu')}; "
           "dense bf16 8192^3 "
           f"{result['dense_tflops_before']:.0f} -> {result['dense_tflops_after']:.0f} TFLOP/s")
-    print(f"{'config':<20}{'impl':<10}{'fwd':>6}{'bwd':>6}{'f+b':>6}{'kept MiB':>10}")
+    print(f"{'config':<20}{'impl':<10}{'fwd':>6}{'bwd':>6}{'f+b':>6}{'kept MiB':>10}   ms GPU / host: fwd, f+b")
     for r in result["rows"]:
         for impl in impls:
             if impl in r:
                 x = r[impl]
                 print(f"{r['config']:<20}{impl:<10}{x['fwd_tflops']:6.0f}{x['bwd_tflops']:6.0f}"
-                      f"{x['fwd_bwd_tflops']:6.0f}{r[impl + '_kept_MiB']:10.0f}")
+                      f"{x['fwd_bwd_tflops']:6.0f}{r[impl + '_kept_MiB']:10.0f}   {x['fwd_ms']:.2f} / "
+                      f"{x.get('host_fwd_ms', float('nan')):.2f}, {x['fwd_bwd_ms']:.2f} / "
+                      f"{x.get('host_fwd_bwd_ms', float('nan')):.2f}")
             elif f"{impl}_error" in r:
                 print(f"{r['config']:<20}{impl:<10} ERROR {r[impl + '_error'][:80]}")
         for other in ("upstream", "torch"):
