@@ -63,53 +63,56 @@ w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16()
 _, experts = sonicmoe.router_topk(torch.randn(T, E, device="cuda") - 4.0 * (torch.arange(E, device="cuda") == 3),
                                   K, "topk_softmax")
 meta = device_routing_metadata(experts, E)
-off, g = meta.expert_offsets, meta.gather_idx
-for partial in (False, True):
-    if partial:  # upper-bound buffers: 40 rows past offsets[E], left unwritten
+off = meta.expert_offsets
+
+
+def varlen_ops(tile, partial):
+    """K1, K2, K4 and K6 on one tile configuration over the ragged routing above; partial: upper-bound
+    buffers, 40 rows past offsets[E] left unwritten. Returns (gather_idx, dO, [h, a, y, d_h, a', dS, dx~])."""
+    g = meta.gather_idx
+    if partial:
         g = torch.cat([g, torch.zeros(40, dtype=g.dtype, device="cuda")])
-    h, a = sonicmoe.up_proj(x.detach(), w1, off, g, partial_rows=partial, tile_config=C2X1)
-    y = sonicmoe.grouped_gemm(a, w2, off, tile_config=C2X1, partial_rows=partial)
+    h, a = sonicmoe.up_proj(x.detach(), w1, off, g, partial_rows=partial, tile_config=tile)
+    y = sonicmoe.grouped_gemm(a, w2, off, tile_config=tile, partial_rows=partial)
     d_out = torch.randn(T, d, device="cuda").bfloat16()
     d_h, a_scaled, d_s = down_proj_grad(d_out, w2, h, torch.rand(g.shape[0], device="cuda"), off, g,
-                                        partial_rows=partial, tile_config=C2X1)
-    dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=C2X1)
-    # K6 with the addend on the tiles the layer above did not run (it took ping-pong)
+                                        partial_rows=partial, tile_config=tile)
+    dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=tile)
+    return g, d_out, [h, a, y, d_h, a_scaled, d_s, dx_rows]
+
+
+def k6_with_addend(g, d_h, partial, tiles):
     scale, rows_e = torch.randn(g.shape[0], device="cuda"), torch.randn(E, d, device="cuda").bfloat16()
-    dx_rows_addend = [grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=tile, addend_scale=scale,
-                                      addend_rows=rows_e)
-                      for tile in (C2X1, "varlen_cooperative_128x256x64", "varlen_cooperative_256x128x64")]
+    return [grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=tile, addend_scale=scale,
+                            addend_rows=rows_e) for tile in tiles]
+
+
+def print_norms(label, partial, names, row_tensors, whole_tensors=()):
+    torch.cuda.synchronize()
+    rows = int(off[-1])  # ok-host: a test script
+    norms = [t[:rows].float().norm().item() for t in row_tensors] + [t.float().norm().item() for t in whole_tensors]
+    print(label, "partial_rows" if partial else "exact rows", names, "norms:", " ".join(f"{v:.4g}" for v in norms))
+
+
+for partial in (False, True):
+    g, d_out, outs = varlen_ops(C2X1, partial)
+    d_h, a_scaled = outs[3], outs[4]
+    # K6 with the addend on the tiles the layer above did not run (it took ping-pong)
+    dx_rows_addend = k6_with_addend(g, d_h, partial,
+                                    (C2X1, "varlen_cooperative_128x256x64", "varlen_cooperative_256x128x64"))
     # K5 / K7 clustered: dW2's m blocks run over d = 256 (one pair), dW1's over x's width, 256 and
     # 384 (3 m blocks: an odd count, the last pair's second tile past the output).
     dw2 = sonicmoe.weight_grad(d_out, a_scaled, off, g, True, partial_rows=partial, tile_config=C2X1)
     dw1 = sonicmoe.weight_grad(d_h, x.detach(), off, g, False, partial_rows=partial, tile_config=C2X1)
     dw1_odd = sonicmoe.weight_grad(d_h, x.detach().repeat(1, 2)[:, :384].contiguous(), off, g, False,
                                    partial_rows=partial, tile_config=C2X1)
-    torch.cuda.synchronize()
-    rows = int(off[-1])  # ok-host: a test script
-    norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows, *dx_rows_addend)]
-    norms += [t.float().norm().item() for t in (dw2, dw1, dw1_odd)]
-    print("c2x1", "partial_rows" if partial else "exact rows",
-          "h, a, y, d_h, a', dS, dx~, dx~ + addend (c2x1, co 128x256, co 256x128), dw2, dw1, dw1 (odd) norms:",
-          " ".join(f"{v:.4g}" for v in norms))
+    print_norms("c2x1", partial, "h, a, y, d_h, a', dS, dx~, dx~ + addend (c2x1, co 128x256, co 256x128), dw2, dw1, "
+                "dw1 (odd)", outs + dx_rows_addend, (dw2, dw1, dw1_odd))
 
 # The ping-pong tile in 2 x 1 clusters: K1, K2, K4, K6 (with and without the addend), the same
 # ragged routing (odd tile counts leave a pair's second tile empty), exact and upper-bound rows.
 PP_C2X1 = "varlen_pingpong_128x128x64_c2x1"
-g = meta.gather_idx
 for partial in (False, True):
-    if partial:
-        g = torch.cat([g, torch.zeros(40, dtype=g.dtype, device="cuda")])
-    h, a = sonicmoe.up_proj(x.detach(), w1, off, g, partial_rows=partial, tile_config=PP_C2X1)
-    y = sonicmoe.grouped_gemm(a, w2, off, tile_config=PP_C2X1, partial_rows=partial)
-    d_out = torch.randn(T, d, device="cuda").bfloat16()
-    d_h, a_scaled, d_s = down_proj_grad(d_out, w2, h, torch.rand(g.shape[0], device="cuda"), off, g,
-                                        partial_rows=partial, tile_config=PP_C2X1)
-    dx_rows = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=PP_C2X1)
-    scale, rows_e = torch.randn(g.shape[0], device="cuda"), torch.randn(E, d, device="cuda").bfloat16()
-    dx_rows_addend = grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=PP_C2X1, addend_scale=scale,
-                                     addend_rows=rows_e)
-    torch.cuda.synchronize()
-    rows = int(off[-1])  # ok-host: a test script
-    norms = [t[:rows].float().norm().item() for t in (h, a, y, d_h, a_scaled, d_s, dx_rows, dx_rows_addend)]
-    print("pingpong c2x1", "partial_rows" if partial else "exact rows",
-          "h, a, y, d_h, a', dS, dx~, dx~ + addend norms:", " ".join(f"{v:.4g}" for v in norms))
+    g, _, outs = varlen_ops(PP_C2X1, partial)
+    print_norms("pingpong c2x1", partial, "h, a, y, d_h, a', dS, dx~, dx~ + addend",
+                outs + k6_with_addend(g, outs[3], partial, (PP_C2X1,)))
