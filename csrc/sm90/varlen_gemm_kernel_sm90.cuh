@@ -20,7 +20,7 @@
 #include "cutlass/arch/reg_reconfig.h"
 
 #include "sm90/epilogue/epilogue_interface.h"
-#include "sm90/varlen_tile_scheduler.cuh"
+#include "common/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
 

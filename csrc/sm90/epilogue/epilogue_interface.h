@@ -46,7 +46,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "sm90/varlen_tile_scheduler.cuh"
+#include "common/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
 

@@ -19,7 +19,7 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/bfloat16.h"
 
-#include "sm90/varlen_tile_scheduler.cuh"
+#include "common/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
 

@@ -16,7 +16,7 @@
 #include "sm90/epilogue/store_helpers_sm90.cuh"
 #include "sm90/epilogue/glu_chunks_sm90.cuh"
 #include "sm90/ptx.cuh"
-#include "sm90/varlen_tile_scheduler.cuh"
+#include "common/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
 

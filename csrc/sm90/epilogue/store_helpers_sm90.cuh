@@ -1,6 +1,6 @@
-// Register-level helpers of the varlen epilogues' stores: bf16 packing, the 128-byte swizzle's
-// chunk offsets, and the quad transpose that turns 4 lanes' column pairs into one lane's 16-byte
-// chunk (TileStore::kQuadTranspose).
+// Register-level helpers of the varlen epilogues' stores (bf16 packing is common/ptx.cuh): the
+// 128-byte swizzle's chunk offsets, and the quad transpose that turns 4 lanes' column pairs into
+// one lane's 16-byte chunk (TileStore::kQuadTranspose).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,13 +10,9 @@
 #include "cute/tensor.hpp"
 #include "cutlass/bfloat16.h"
 
-namespace sonicmoe::sm90 {
+#include "common/ptx.cuh"
 
-// Two floats as a bf16 pair in one register (the lower column in the low half).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+namespace sonicmoe::sm90 {
 
 // Byte offset of 16-byte chunk `chunk` (< 8) of row `row` in a tile of 128-byte rows in TMA's
 // 128-byte swizzle (a 64-column bf16 box): the chunk moves to chunk ^ (row % 8).

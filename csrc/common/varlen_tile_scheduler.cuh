@@ -1,4 +1,4 @@
-// Persistent tile schedulers of the varlen grouped GEMMs: they read expert_offsets on the
+// Persistent tile schedulers of the varlen grouped GEMMs (sm90 and sm100): they read expert_offsets on the
 // device, so the host never learns how many rows an expert received.
 //
 // VarlenTileScheduler (varlen M: K1, K2, K4, K6). Expert e owns rows [offsets[e], offsets[e+1])
@@ -19,7 +19,7 @@
 
 #include "common/tile_size.h"
 
-namespace sonicmoe::sm90 {
+namespace sonicmoe {
 
 struct VarlenTile {
   int expert;       // which expert's weight
@@ -162,4 +162,4 @@ class VarlenKTileScheduler {
   int next_unit_;
 };
 
-}  // namespace sonicmoe::sm90
+}  // namespace sonicmoe
