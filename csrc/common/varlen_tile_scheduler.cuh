@@ -21,6 +21,20 @@
 
 namespace sonicmoe {
 
+// Every CTA checks the offsets before touching memory: a bad offset would otherwise become an
+// out-of-bounds load or store (the host rule of check_grouped_gemm, on the device). offsets[E] is
+// m_total, or at most m_total where rows end early (partial_rows). It traps without a printf: any
+// call in a kernel makes ptxas serialise every WGMMA. p: a kernel's Params (expert_offsets,
+// num_experts, m_total, rows_end_early), read through the reference as the kernels always did.
+template <class KernelParams>
+__device__ inline void validate_expert_offsets(const KernelParams& p) {
+  for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
+    const int lo = __ldg(p.expert_offsets + e), hi = __ldg(p.expert_offsets + e + 1);
+    const bool last_bad = p.rows_end_early ? hi > p.m_total : hi != p.m_total;
+    if (lo > hi || (e == 0 && lo != 0) || (e == p.num_experts - 1 && last_bad)) __trap();
+  }
+}
+
 struct VarlenTile {
   int expert;       // which expert's weight
   int row_start;    // first output row of the tile

@@ -28,17 +28,8 @@
 #include "common/grouped_gemm_args.cuh"
 #include "common/grouped_gemm_workspace.h"
 #include "common/ptr_array_grouped_gemm_run.cuh"
+#include "sm100/arch_guard_sm100.h"
 #include "sm100/grouped_gemm_sm100.h"
-
-// tcgen05 needs CUDA 12.8+, and this file's kernels run only where they were compiled for the
-// exact arch: CUTLASS's sm100 kernel has no arch guard of its own, so a device pass for any other
-// arch (sm_90a, a family target) would compile tcgen05 code that cannot run, or fail deep in CuTe.
-#if !defined(CUTLASS_ARCH_MMA_SM100_SUPPORTED)
-#error "the sm100 kernels need CUDA 12.8 or later (tcgen05)"
-#endif
-#if defined(__CUDA_ARCH__) && !defined(CUTLASS_ARCH_MMA_SM100A_ENABLED)
-#error "*_sm100.cu units compile for -gencode=arch=compute_100a,code=sm_100a only (CMakeLists.txt)"
-#endif
 
 namespace sonicmoe::sm100 {
 

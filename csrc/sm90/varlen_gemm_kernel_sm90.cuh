@@ -73,17 +73,6 @@ struct VarlenGemmKernel {
     int m_out = 0;                // varlen K: output rows per expert (the scheduler's m blocks)
   };
 
-  // Every CTA checks the offsets before touching memory: a bad offset would otherwise become
-  // an out-of-bounds load or store (the host rule of check_grouped_gemm, on the device). It
-  // traps without a printf: any call in the kernel makes ptxas serialise every WGMMA.
-  static __device__ void validate_offsets(const Params& p) {
-    for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
-      const int lo = __ldg(p.expert_offsets + e), hi = __ldg(p.expert_offsets + e + 1);
-      const bool last_bad = p.rows_end_early ? hi > p.m_total : hi != p.m_total;
-      if (lo > hi || (e == 0 && lo != 0) || (e == p.num_experts - 1 && last_bad)) __trap();
-    }
-  }
-
   static __device__ void run(const Params& p, char* smem_raw) {
     using namespace cute;
     // The 128-byte swizzle of TMA and WGMMA repeats every 1024 bytes: stages must start there.
@@ -92,7 +81,7 @@ struct VarlenGemmKernel {
     const int warpgroup = threadIdx.x / 128;
     const int thread_in_warpgroup = threadIdx.x % 128;
 
-    validate_offsets(p);
+    validate_expert_offsets(p);
     if (threadIdx.x == 0) {
       cutlass::arch::ClusterBarrier::init(&s.mma_turn[0], 4);  // one arrival per warp
       cutlass::arch::ClusterBarrier::init(&s.mma_turn[1], 4);

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
+#include "common/glu_tile.cuh"
 #include "common/once_per_device.h"
 #include "common/tensor_map.h"
 #include "common/tile_size.h"
@@ -189,13 +190,8 @@ Status run_up_proj_varlen_act(const UpProjParams& p) {
 // inner loop, SwiGLU's code as it was); p.activation picks one.
 template <GemmTileConfig kConfig>
 Status run_up_proj_varlen(const UpProjParams& p) {
-  switch (p.activation) {
-    case GluActivation::kSwiGLU: return run_up_proj_varlen_act<kConfig, GluActivation::kSwiGLU>(p);
-    case GluActivation::kGeGLU: return run_up_proj_varlen_act<kConfig, GluActivation::kGeGLU>(p);
-    case GluActivation::kReGLU: return run_up_proj_varlen_act<kConfig, GluActivation::kReGLU>(p);
-  }
-  return Status::error("up_proj: activation = " + std::to_string(static_cast<int>(p.activation)) +
-                       " breaks the rule: must name a GluActivation");
+  return with_glu_activation("up_proj", p.activation,
+                             [&](auto act) { return run_up_proj_varlen_act<kConfig, decltype(act)::value>(p); });
 }
 
 // K4: dA' = dO[gather] @ w2[e] with dO rows gathered by cp.async and w2 (E, d, n) read N-major
@@ -238,13 +234,9 @@ Status run_down_proj_grad_varlen_act(const DownProjGradParams& p) {
 
 template <GemmTileConfig kConfig>
 Status run_down_proj_grad_varlen(const DownProjGradParams& p) {
-  switch (p.activation) {
-    case GluActivation::kSwiGLU: return run_down_proj_grad_varlen_act<kConfig, GluActivation::kSwiGLU>(p);
-    case GluActivation::kGeGLU: return run_down_proj_grad_varlen_act<kConfig, GluActivation::kGeGLU>(p);
-    case GluActivation::kReGLU: return run_down_proj_grad_varlen_act<kConfig, GluActivation::kReGLU>(p);
-  }
-  return Status::error("down_proj_grad: activation = " + std::to_string(static_cast<int>(p.activation)) +
-                       " breaks the rule: must name a GluActivation");
+  return with_glu_activation("down_proj_grad", p.activation, [&](auto act) {
+    return run_down_proj_grad_varlen_act<kConfig, decltype(act)::value>(p);
+  });
 }
 
 }  // namespace sonicmoe::sm90

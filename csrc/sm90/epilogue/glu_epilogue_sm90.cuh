@@ -11,6 +11,7 @@
 
 #include "cute/tensor.hpp"
 
+#include "common/glu_tile.cuh"
 #include "common/h_column_order.h"
 #include "sm90/epilogue/epilogue_tile_sm90.cuh"
 #include "sm90/epilogue/store_helpers_sm90.cuh"
@@ -26,31 +27,12 @@ namespace sonicmoe::sm90 {
 // Stores H = [gate | up] (m_total, 2n; in H's column order, common/h_column_order.h) when kept
 // for backward, and A = act(gate) * up (m_total, n), computed from the fp32 accumulators.
 template <int kTileM, int kTileN, TileStore kStore, GluActivation kAct>
-struct GluEpilogue {
+struct GluEpilogue : GluTileColumns<kTileN> {  // Params, n_blocks, b_rows
   using Tile = EpilogueTile<kTileM, kTileN>;
   using Element = typename Tile::Element;
-  static constexpr int kBoxRowsB = 64;
-  static constexpr int kHalf = kTileN / 2;
-  static constexpr int kBoxesPerHalf = kHalf / kBoxRowsB;
-  static_assert(kHalf % kBoxRowsB == 0 && kHalf <= Tile::kWindowCols, "whole B boxes; A fits one window");
-
-  struct Params {
-    Element* h = nullptr;  // nullptr: H is not kept (inference)
-    Element* a = nullptr;
-    int n = 0;             // intermediate size; w1 has 2n rows per expert
-  };
-
-  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kHalf - 1) / kHalf; }
-  // Gate rows (past n: results are never stored), then up rows (past 2n: zero-filled by TMA).
-  static __device__ cute::array<int, 2 * kBoxesPerHalf> b_rows(const Params& p, const VarlenTile& t) {
-    cute::array<int, 2 * kBoxesPerHalf> rows;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kBoxesPerHalf; ++i) {
-      rows[i] = t.n_block * kHalf + i * kBoxRowsB;
-      rows[kBoxesPerHalf + i] = p.n + t.n_block * kHalf + i * kBoxRowsB;
-    }
-    return rows;
-  }
+  using Params = typename GluTileColumns<kTileN>::Params;
+  static constexpr int kHalf = GluTileColumns<kTileN>::kHalf;
+  static_assert(kHalf <= Tile::kWindowCols, "A fits one window");
 
   // accum is ((2, 2, kTileN / 8), halves, 1): value (v0, v1, j) is column 8 j + 2 (lane % 4) + v0,
   // so the up column matching gate column c (j < kTileN / 16) is value j + kTileN / 16.
