@@ -1,5 +1,5 @@
-// Declarations of the sm100 (Blackwell, sm_100a) grouped GEMM instantiations, one per
-// csrc/instantiations/*_sm100.cu. Light header: no CUTLASS, so the host dispatcher compiles with
+// Declarations of the sm100 (Blackwell, sm_100a) grouped GEMM instantiations (K2, K6 and K1), one
+// per csrc/instantiations/*_sm100.cu. Light header: no CUTLASS, so the host dispatcher compiles with
 // the host compiler.
 #pragma once
 
@@ -49,5 +49,30 @@ size_t grouped_gemm_cutlass_workspace_size(int num_experts, int sm_count);
 // Builds the per-expert arguments on the device and launches the persistent kernel.
 template <GemmConfig Config, WeightLayout BLayout = WeightLayout::kNK, bool RowAddend = false>
 Status run_grouped_gemm(const GroupedGemmParams& params);
+
+// The sm100 K1 configurations: the project's varlen gathered kernel (sm100/varlen_gemm_kernel_sm100.cuh),
+// not CUTLASS's ptr-array one, so not GemmConfigs either; the host picks one by rule
+// (sm100/heuristics.h), and tile_config must be auto.
+enum class UpProjConfig : int {
+  // One SM per MMA: 128 rows x (128 gate + 128 up columns), no cluster, 4 stages.
+  k1Sm128x256x64 = 0,
+};
+
+struct UpProjShapeSm100 {
+  int m, n, k;  // the MMA tile
+  int stages;   // of the shared-memory ring
+};
+
+constexpr UpProjShapeSm100 up_proj_shape(UpProjConfig /*config*/) { return {128, 256, 64, 4}; }
+
+constexpr const char* up_proj_config_name(UpProjConfig /*config*/) { return "sm100_1sm_128x256x64"; }
+
+// The rules sm100 adds to sonicmoe::check_up_proj's on an sm_100 GPU (config auto only); "" when
+// they hold. Defined in host/up_proj.cpp.
+std::string check_up_proj(const UpProjParams& params);
+
+// K1 (the x gather, the gated activation): launches the persistent kernel for p.activation.
+template <UpProjConfig Config>
+Status run_up_proj(const UpProjParams& params);
 
 }  // namespace sonicmoe::sm100

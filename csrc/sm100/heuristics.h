@@ -1,5 +1,6 @@
-// kAuto's choice of the sm100 grouped GEMM configuration (K2 and K6: either b_layout, the same
-// tiles). Host-only, no CUTLASS: the dispatcher and the CPU tests read it.
+// kAuto's choice of the sm100 configurations: the grouped GEMM (K2 and K6: either b_layout, the
+// same tiles) and the up-projection (K1). Host-only, no CUTLASS: the dispatchers and the CPU tests
+// read it.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +20,14 @@ constexpr GemmConfig choose_grouped_gemm_config(int64_t m_total, int64_t /*n_out
   return num_experts > 0 && m_total >= int64_t{256} * num_experts ? GemmConfig::k2Sm256x256x64C2x1
                                                                   : GemmConfig::k1Sm128x256x64;
 }
+
+// K1's rule in words, for the error that refuses an explicit tile_config on sm100.
+constexpr const char* kUpProjRule = "auto picks 1-SM 128x256x64, the one sm100 K1 configuration so far";
+
+// One configuration: 128 gate and 128 up columns per tile put the widest 1-SM tcgen05 N (256) on
+// every gathered x row, and its two fp32 accumulators fill TMEM's 512 columns, so one tile's
+// epilogue overlaps the next one's MMAs. A 2-SM pair tile would need both CTAs to gather (no
+// shared A load to halve) and is not built yet.
+constexpr UpProjConfig choose_up_proj_config(int64_t /*n*/, int64_t /*d*/) { return UpProjConfig::k1Sm128x256x64; }
 
 }  // namespace sonicmoe::sm100

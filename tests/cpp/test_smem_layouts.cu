@@ -1,7 +1,7 @@
 // The shared-memory offsets the gathering cp.async producers compute by hand
-// (VarlenMainloop::gather_offset, K1/K4; VarlenKMainloop::copy_offset, K5/K7) against CuTe's
-// swizzled layouts, which
-// WGMMA and TMA use: checked on the host, so a change of tile shape or layout that breaks the
+// (VarlenMainloop::gather_offset, K1/K4; VarlenKMainloop::copy_offset, K5/K7; sm100's
+// VarlenGatherMainloop::gather_offset, K1) against CuTe's swizzled layouts, which WGMMA, tcgen05
+// MMA and TMA use: checked on the host, so a change of tile shape or layout that breaks the
 // hand-derived formulas fails here rather than as wrong numbers on the GPU.
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 
 #include "sm90/collective/varlen_k_mainloop_sm90.cuh"
 #include "sm90/collective/varlen_mainloop_sm90.cuh"
+#include "sm100/collective/varlen_gather_mainloop_sm100.cuh"
 
 namespace {
 
@@ -44,6 +45,34 @@ TEST(SmemLayouts, gather_offsets_of_the_varlen_mainloop) {
   expect_gather_offsets_match<VarlenMainloop<256, 128, 64, 4, /*gather=*/true, true, /*consumers=*/2>>();
   expect_gather_offsets_match<VarlenMainloop<128, 256, 64, 4, /*gather=*/true, true, /*consumers=*/2>>();
   expect_gather_offsets_match<VarlenMainloop<128, 128, 64, 6, /*gather=*/true, /*k_major_b=*/false>>();
+}
+
+// sm100 K1: the UMMA layout is ((M, 16), 1, k blocks of 16, stage); element (m, k) of a stage is
+// ((m, k % 16), 0, k / 16).
+TEST(SmemLayouts, gather_offsets_of_the_sm100_gather_mainloop) {
+  using Mainloop = sonicmoe::sm100::VarlenGatherMainloop<128, 256, 64, 4>;
+  Element* base = reinterpret_cast<Element*>(uintptr_t(1) << 20);
+  auto sA = cute::make_tensor(cute::make_smem_ptr(base), typename Mainloop::SmemLayoutA{});
+  for (int stage = 0; stage < Mainloop::kStages; ++stage)
+    for (int t = 0; t < Mainloop::kGatherThreads; ++t)
+      for (int j = 0; j < Mainloop::kPasses; ++j) {
+        const int row0 = t / Mainloop::kChunksPerRow, chunk = t % Mainloop::kChunksPerRow;
+        const int row = row0 + j * Mainloop::kRowsPerPass, k = chunk * 8;
+        const int64_t want = int64_t(stage) * Mainloop::kBytesA + Mainloop::gather_offset(row0, chunk) +
+                             int64_t(j) * Mainloop::kPassBytes;
+        const Element* at =
+            cute::raw_pointer_cast(&sA(cute::make_coord(cute::make_coord(row, k % 16), 0, k / 16, stage)));
+        ASSERT_EQ(reinterpret_cast<const char*>(at) - reinterpret_cast<const char*>(base), want)
+            << "thread " << t << " pass " << j << " stage " << stage;
+      }
+  // B: each 64-row TMA box is one contiguous 8 KB block of 128-byte rows, box i at 8 KB i.
+  auto sB = cute::make_tensor(cute::make_smem_ptr(base), typename Mainloop::SmemLayoutB{});
+  for (int stage = 0; stage < Mainloop::kStages; ++stage)
+    for (int i = 0; i < Mainloop::kBoxesB; ++i) {
+      const Element* at = cute::raw_pointer_cast(&sB(cute::make_coord(cute::make_coord(64 * i, 0), 0, 0, stage)));
+      EXPECT_EQ(reinterpret_cast<const char*>(at) - reinterpret_cast<const char*>(base),
+                int64_t(stage) * Mainloop::kBytesB + i * Mainloop::kBoxRowsB * Mainloop::kTileK * 2);
+    }
 }
 
 // Varlen K: the copied operands are MN-major (column, sorted row, stage), 128 columns wide.

@@ -1,0 +1,74 @@
+// Host side of the sm100 varlen gathered GEMM (K1): the TMA descriptor of w1, the kernel's
+// parameters and the persistent launch (one CTA per SM, or per tile where there are fewer).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/glu_tile.cuh"
+#include "common/once_per_device.h"
+#include "common/tensor_map.h"
+#include "common/tile_size.h"
+#include "sm100/arch_guard_sm100.h"
+#include "sm100/collective/varlen_gather_mainloop_sm100.cuh"
+#include "sm100/epilogue/glu_epilogue_sm100.cuh"
+#include "sm100/grouped_gemm_sm100.h"
+#include "sm100/varlen_gemm_kernel_sm100.cuh"
+#include "sonicmoe.h"
+
+namespace sonicmoe::sm100 {
+
+// The K1 mainloop of a configuration: 4 stages of 48 KB (A 16 KB + B 32 KB) are 192 KB of the
+// 227 KB a CTA may use; a fifth does not fit.
+template <UpProjConfig kConfig>
+using UpProjMainloop = VarlenGatherMainloop<up_proj_shape(kConfig).m, up_proj_shape(kConfig).n,
+                                            up_proj_shape(kConfig).k, up_proj_shape(kConfig).stages>;
+
+template <UpProjConfig kConfig, GluActivation kAct>
+Status run_up_proj_act(const UpProjParams& p) {
+  using Mainloop = UpProjMainloop<kConfig>;
+  using Kernel = VarlenGatherGemmKernel<Mainloop, GluEpilogue<Mainloop::kTileN, kAct>>;
+  typename Kernel::Params params{};
+  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
+  params.mainloop.gather_src = static_cast<const cutlass::bfloat16_t*>(p.x);
+  params.mainloop.gather_idx = p.gather_idx;
+  params.mainloop.gather_src_rows = static_cast<int>(p.num_tokens);
+  params.mainloop.k = static_cast<int>(p.d);
+  params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
+  params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
+  params.epilogue.n = static_cast<int>(p.n);
+  params.expert_offsets = p.expert_offsets;
+  params.num_experts = p.num_experts;
+  params.m_total = static_cast<int>(p.m_total);
+  params.rows_end_early = p.partial_rows;
+
+  auto* kernel = &varlen_gather_gemm_kernel<Kernel>;
+  int opted_in = 0;
+  SONICMOE_TRY(once_per_device<&varlen_gather_gemm_kernel<Kernel>>(&opted_in, [&](int* done) -> Status {
+    SONICMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(Kernel::kSmemBytes)));
+    *done = 1;
+    return Status::success();
+  }));
+  const int64_t max_tiles =
+      varlen_max_tiles(p.m_total, p.num_experts, Kernel::kTileM, Kernel::Epilogue::n_blocks(params.epilogue));
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.sm_count, max_tiles)));
+  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, p.stream>>>(params);
+  SONICMOE_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+// The activation is a template parameter (each its own kernel, as on sm90); p.activation picks one.
+// Each K1 unit instantiates it for one configuration.
+template <UpProjConfig kConfig>
+Status run_up_proj(const UpProjParams& p) {
+  return with_glu_activation("up_proj", p.activation,
+                             [&](auto act) { return run_up_proj_act<kConfig, decltype(act)::value>(p); });
+}
+
+}  // namespace sonicmoe::sm100
+
