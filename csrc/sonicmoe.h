@@ -41,8 +41,9 @@ constexpr int arch_family(int major, int minor) {
 int device_arch(int device);
 
 // Which kernels op runs on a GPU of compute capability major.minor, given the archs built and
-// whether the op has an sm_100a path (grouped_gemm, b_layout NK and KN, only so far): the family,
-// or kNone with a message that names the GPU, the build and what to do. Pure: no device access.
+// whether the op has an sm_100a path (grouped_gemm, b_layout NK and KN, and up_proj so far): the
+// family, or kNone with a message that names the GPU, the build and what to do. Pure: no device
+// access.
 struct KernelArchChoice {
   KernelArch arch = KernelArch::kNone;
   std::string error;
@@ -180,7 +181,8 @@ Status run_grouped_gemm(const GroupedGemmParams& params);
 // x rows are gathered inside the GEMM's A load (no gathered copy of x), and w1 is read in its
 // public (E, 2n, d) layout. All tensors row-major, contiguous, bf16.
 // gather_idx gathers x. config: kAuto or a varlen configuration (is_varlen_config); kAuto:
-// sm90/heuristics.h (choose_up_proj_config).
+// sm90/heuristics.h (choose_up_proj_config). On an sm_100 GPU (cc 10.0, a build with 100a): kAuto
+// only, which picks the sm100 kernel by sm100/heuristics.h.
 struct UpProjParams : GatheredVarlenProblem {
   const void* x = nullptr;                  // (num_tokens, d)
   const void* w1 = nullptr;                 // (num_experts, 2n, d)

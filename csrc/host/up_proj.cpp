@@ -1,4 +1,5 @@
-// Host side of the up-projection (K1): shape and pointer rules, then the sm90 launch.
+// Host side of the up-projection (K1): shape and pointer rules, then the launch on the device's
+// kernel family (sm90, or sm100 on a B200 where built).
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -6,12 +7,15 @@
 #include "host/autotune.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
+#include "sm100/grouped_gemm_sm100.h"
+#include "sm100/heuristics.h"
 #include "common/tile_size.h"
+#include "common/cuda_check.h"
 #include "common/host_rules.h"
 #include "sonicmoe.h"
 
-#if !defined(SONICMOE_HAS_SM90)
-#error "SONICMOE_HAS_SM90 must be defined (CMakeLists.txt)"
+#if !defined(SONICMOE_HAS_SM90) || !defined(SONICMOE_HAS_SM100)
+#error "SONICMOE_HAS_SM90 and SONICMOE_HAS_SM100 must be defined (CMakeLists.txt)"
 #endif
 
 namespace sonicmoe {
@@ -30,11 +34,34 @@ Status launch_up_proj(const UpProjParams& p, GemmTileConfig config) {
   }
 #else
   (void)p, (void)config;
-  return Status::error("up_proj: this build holds no sm_90a kernels");  // check_sm90_only_device refuses first
+  return Status::error("up_proj: this build holds no sm_90a kernels");  // device_kernel_arch refuses first
+#endif
+}
+
+Status run_up_proj_sm100(const UpProjParams& p) {
+  const std::string problem = sm100::check_up_proj(p);
+  if (!problem.empty()) return Status::error(problem);
+#if SONICMOE_HAS_SM100
+  switch (sm100::choose_up_proj_config(p.n, p.d)) {
+    case sm100::UpProjConfig::k1Sm128x256x64: return sm100::run_up_proj<sm100::UpProjConfig::k1Sm128x256x64>(p);
+  }
+  return Status::error("up_proj: no sm100 kernel for this configuration");
+#else
+  return Status::error("up_proj: this build holds no sm_100a kernels");  // device_kernel_arch refuses first
 #endif
 }
 
 }  // namespace
+
+// The rules sm100 adds to check_up_proj's: its one kernel is chosen by rule (sm100/heuristics.h),
+// and no GemmTileConfig names it.
+std::string sm100::check_up_proj(const UpProjParams& p) {
+  if (p.config != GemmTileConfig::kAuto)
+    return rule_message("up_proj", "config", static_cast<int>(p.config),
+                        std::string("must be 0 (auto) on an sm_100 GPU in this build (the other GemmTileConfigs "
+                                    "are sm90 kernels); ") + sm100::kUpProjRule);
+  return {};
+}
 
 std::string check_up_proj(const UpProjParams& p) {
   std::string problem = check_expert_mlp_dims("up_proj", p);
@@ -54,8 +81,12 @@ Status run_up_proj(const UpProjParams& p) {
     return Status::error("up_proj: x, w1, expert_offsets, gather_idx and a must be non-null");
   if (!aligned16(p.x) || !aligned16(p.w1) || !aligned16(p.a) || (p.h != nullptr && !aligned16(p.h)))
     return Status::error("up_proj: x, w1, h and a must be 16-byte aligned");
-  problem = check_sm90_only_device("up_proj");
-  if (!problem.empty()) return Status::error(problem);
+  // The device's kernel family (the caller has made the launch device current).
+  int device = 0;
+  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+  const KernelArchChoice arch = device_kernel_arch("up_proj", device, /*op_has_sm100=*/true);
+  if (arch.arch == KernelArch::kSm100) return run_up_proj_sm100(p);
+  if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
   if (p.config != GemmTileConfig::kAuto) return launch_up_proj(p, p.config);
   const autotune::Key key{autotune::Op::kUpProj, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
                           p.sm_count, int(p.partial_rows) | int(p.h != nullptr) << 1 | int(p.activation) << 2};

@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "sm100/grouped_gemm_sm100.h"
 #include "sonicmoe.h"
 #include "torch/checks.h"
 #include "torch/ops.h"
@@ -67,9 +68,14 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
                                                 bool partial_rows, int64_t tile_config, int64_t activation) {
   check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config, activation);
   check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
-                               {&gather_idx, "gather_idx"}});
+                               {&gather_idx, "gather_idx"}}, /*op_has_sm100=*/true);
   const c10::cuda::CUDAGuard guard(x.device());
   UpProjParams p = up_proj_shape(x, w1, gather_idx);
+  p.config = static_cast<GemmTileConfig>(tile_config);
+  if (device_arch(x.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
+    const std::string problem = sm100::check_up_proj(p);
+    TORCH_CHECK_VALUE(problem.empty(), problem);
+  }
   at::Tensor h = at::empty({keep_h ? p.m_total : 0, 2 * p.n}, x.options());
   at::Tensor a = at::empty({p.m_total, p.n}, x.options());
   if (p.m_total == 0) return {h, a};
@@ -82,7 +88,6 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
   p.a = a.data_ptr();
   p.sm_count = device_sm_count(x);
   p.partial_rows = partial_rows;
-  p.config = static_cast<GemmTileConfig>(tile_config);
   p.activation = static_cast<GluActivation>(activation);
   p.stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   const Status status = run_up_proj(p);

@@ -66,7 +66,8 @@ KERNEL_DEVICE_TYPES = {"cuda"}
 
 def kernel_archs() -> tuple[int, ...]:
     """The kernel archs of the built extension (SONICMOE_CUDA_ARCHS): 90 for sm_90a, 100 for
-    sm_100a; () without the extension. sm_100a holds grouped_gemm and grouped_gemm_kn only so far."""
+    sm_100a; () without the extension. sm_100a holds grouped_gemm, grouped_gemm_kn and up_proj only
+    so far."""
     return tuple(torch.ops.sonicmoe.kernel_archs()) if _C is not None else ()
 
 
@@ -202,7 +203,9 @@ def up_proj(
     both from routing_metadata. Returns (h (M, 2n), a (M, n)), bf16: h is H in the kernels'
     column order, which down_proj_grad reads (h_column_order(h) is H); h has 0 rows when
     keep_h is False (inference: H is only kept for backward). tile_config: "auto" or one of the
-    varlen kernel's configurations (VARLEN_TILE_CONFIGS; same results).
+    varlen kernel's configurations (VARLEN_TILE_CONFIGS; same results). On a Blackwell sm_100 GPU
+    (a build with SONICMOE_CUDA_ARCHS="90a;100a"): tile_config "auto" only (the sm100 kernel:
+    cp.async gather, tcgen05 MMA, one configuration); h and a as on Hopper.
     """
     _require_extension()
     return torch.ops.sonicmoe.up_proj(x, w1, expert_offsets, gather_idx, keep_h, partial_rows,

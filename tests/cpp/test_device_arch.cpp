@@ -1,5 +1,6 @@
 // GoogleTest: per-device dispatch (which kernel family an op runs on a GPU, and the errors where
-// this build holds none) and the sm100 grouped GEMM's host rules. Pure host logic: runs anywhere.
+// this build holds none) and the host rules of the sm100 grouped GEMM and up-projection. Pure host
+// logic: runs anywhere.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include "sm100/grouped_gemm_sm100.h"
 #include "sm100/heuristics.h"
 #include "sonicmoe.h"
+#include "test_util.h"
 
 namespace {
 
@@ -50,13 +52,19 @@ TEST(DeviceArch, hopper_runs_sm90_where_built) {
                      "only: rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"");
 }
 
-TEST(DeviceArch, blackwell_runs_grouped_gemm_on_sm100_where_built) {
-  EXPECT_EQ(choose_kernel_arch("grouped_gemm", 10, 0, kBoth, true).arch, KernelArch::kSm100);
-  EXPECT_EQ(choose_kernel_arch("grouped_gemm", 10, 0, kSm100Only, true).arch, KernelArch::kSm100);
-  const auto c = choose_kernel_arch("grouped_gemm", 10, 0, kSm90Only, true);
-  EXPECT_EQ(c.arch, KernelArch::kNone);
-  EXPECT_EQ(c.error, "grouped_gemm: the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
-                     "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
+// K2 (grouped_gemm) and K1 (up_proj) have sm100 kernels: sm100 on a B200 where built, the rebuild
+// named where the family is missing, sm90 on a Hopper, and no sm_103 (B300).
+TEST(DeviceArch, blackwell_runs_grouped_gemm_and_up_proj_on_sm100_where_built) {
+  for (const std::string op : {"grouped_gemm", "up_proj"}) {
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kBoth, true).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kSm100Only, true).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 9, 0, kBoth, true).arch, KernelArch::kSm90);
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 3, kBoth, true).arch, KernelArch::kNone);
+    const auto c = choose_kernel_arch(op.c_str(), 10, 0, kSm90Only, true);
+    EXPECT_EQ(c.arch, KernelArch::kNone);
+    EXPECT_EQ(c.error, op + ": the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
+                            "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
+  }
 }
 
 // K6 (b_layout KN, the op name run_grouped_gemm and the torch layer give it) has sm100 kernels
@@ -82,8 +90,8 @@ TEST(DeviceArch, blackwell_refuses_ops_without_sm100_kernels_whatever_was_built)
   for (const BuiltArchs built : {kSm90Only, kBoth}) {
     const auto c = choose_kernel_arch("weight_grad", 10, 0, built, false);
     EXPECT_EQ(c.arch, KernelArch::kNone);
-    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, only "
-                       "in this build); on sm_90 GPUs (H100, H200) every op runs");
+    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, and "
+                       "up_proj only in this build); on sm_90 GPUs (H100, H200) every op runs");
   }
 }
 
@@ -175,6 +183,46 @@ TEST(GroupedGemmSm100Host, kn_takes_auto_and_the_addend_and_refuses_what_k2_refu
   p.config = sonicmoe::GemmTileConfig::kAuto;
   p.partial_rows = true;
   EXPECT_TRUE(contains(sonicmoe::sm100::check_grouped_gemm(p), "grouped_gemm: partial_rows = 1 breaks the rule"));
+}
+
+// ---------------------------------------------------------------- sm100 up-projection host rules
+
+TEST(UpProjSm100Host, auto_takes_the_one_configuration) {
+  using sonicmoe::sm100::UpProjConfig;
+  for (int64_t n : {8, 256, 768, 1024, 2048, 8192})
+    for (int64_t d : {8, 1024, 4096, 7168})
+      EXPECT_EQ(sonicmoe::sm100::choose_up_proj_config(n, d), UpProjConfig::k1Sm128x256x64) << n << " x " << d;
+  EXPECT_STREQ(sonicmoe::sm100::up_proj_config_name(UpProjConfig::k1Sm128x256x64), "sm100_1sm_128x256x64");
+}
+
+// The tile the kernel instantiates: one TMEM lane per row (M 128, 1-SM MMA), 128 gate and 128 up
+// columns, two fp32 accumulators in TMEM's 512 columns, and a 4-stage ring in a CTA's 227 KB.
+TEST(UpProjSm100Host, shape_fits_tmem_and_shared_memory) {
+  constexpr auto s = sonicmoe::sm100::up_proj_shape(sonicmoe::sm100::UpProjConfig::k1Sm128x256x64);
+  EXPECT_EQ(s.m, 128);
+  EXPECT_EQ(s.n, 256);
+  EXPECT_EQ(s.k, 64);
+  EXPECT_LE(2 * s.n, 512);                                    // two accumulators, one TMEM column each
+  const int stage_bytes = (s.m + s.n) * s.k * 2;                // A and B of a stage, bf16
+  EXPECT_LE(s.stages * stage_bytes + 1024, 227 * 1024);        // plus barriers and alignment
+  EXPECT_GT((s.stages + 1) * stage_bytes, 227 * 1024);         // the most stages that fit
+}
+
+TEST(UpProjSm100Host, takes_auto_only_and_names_the_rule) {
+  auto p = sonicmoe::test::expert_mlp_shape<sonicmoe::UpProjParams>();
+  EXPECT_EQ(sonicmoe::check_up_proj(p), "");
+  EXPECT_EQ(sonicmoe::sm100::check_up_proj(p), "");
+  p.partial_rows = true;  // the varlen scheduler walks offsets[E] only: rows past it are not written
+  EXPECT_EQ(sonicmoe::sm100::check_up_proj(p), "");
+  for (int a = 0; a < sonicmoe::kNumGluActivations; ++a) {
+    p.activation = static_cast<sonicmoe::GluActivation>(a);
+    EXPECT_EQ(sonicmoe::sm100::check_up_proj(p), "");
+  }
+  p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64;  // valid on sm90 ...
+  EXPECT_EQ(sonicmoe::check_up_proj(p), "");
+  EXPECT_EQ(sonicmoe::sm100::check_up_proj(p),  // ... refused on sm100, naming the rule
+            "up_proj: config = 8 breaks the rule: must be 0 (auto) on an sm_100 GPU in this build (the other "
+            "GemmTileConfigs are sm90 kernels); auto picks 1-SM 128x256x64, the one sm100 K1 configuration so far");
 }
 
 #if SONICMOE_HAS_SM100
