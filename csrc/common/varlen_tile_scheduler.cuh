@@ -21,6 +21,19 @@
 
 namespace sonicmoe {
 
+// The parameters of a varlen kernel (sm90's VarlenGemmKernel, sm100's VarlenGatherGemmKernel): its
+// mainloop's and epilogue's, and the routing the scheduler and validate_expert_offsets read.
+template <class MainloopParams, class EpilogueParams>
+struct VarlenKernelParams {
+  MainloopParams mainloop;
+  EpilogueParams epilogue;
+  const int32_t* expert_offsets = nullptr;
+  int num_experts = 0;
+  int m_total = 0;
+  bool rows_end_early = false;  // offsets[E] <= m_total; rows past it are not written
+  int m_out = 0;                // varlen K: output rows per expert (the scheduler's m blocks)
+};
+
 // Every CTA checks the offsets before touching memory: a bad offset would otherwise become an
 // out-of-bounds load or store (the host rule of check_grouped_gemm, on the device). offsets[E] is
 // m_total, or at most m_total where rows end early (partial_rows). It traps without a printf: any

@@ -59,14 +59,7 @@ struct VarlenGatherGemmKernel {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm100 CTA may use");
 
-  struct Params {
-    typename Mainloop::Params mainloop;
-    typename Epilogue::Params epilogue;
-    const int32_t* expert_offsets = nullptr;
-    int num_experts = 0;
-    int m_total = 0;
-    bool rows_end_early = false;  // offsets[E] <= m_total; rows past it are not written
-  };
+  using Params = VarlenKernelParams<typename Mainloop::Params, typename Epilogue::Params>;  // m_out unused
 
   static __device__ void run(const Params& p, char* smem_raw) {
     // The 128-byte swizzle repeats every 1024 bytes: stages must start there.

@@ -63,15 +63,7 @@ struct VarlenGemmKernel {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may use");
 
-  struct Params {
-    typename Mainloop::Params mainloop;
-    typename Epilogue::Params epilogue;
-    const int32_t* expert_offsets = nullptr;
-    int num_experts = 0;
-    int m_total = 0;
-    bool rows_end_early = false;  // offsets[E] <= m_total; rows past it are not written
-    int m_out = 0;                // varlen K: output rows per expert (the scheduler's m blocks)
-  };
+  using Params = VarlenKernelParams<typename Mainloop::Params, typename Epilogue::Params>;
 
   static __device__ void run(const Params& p, char* smem_raw) {
     using namespace cute;
