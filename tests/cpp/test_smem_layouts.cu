@@ -1,6 +1,6 @@
 // The shared-memory offsets the gathering cp.async producers compute by hand
 // (VarlenMainloop::gather_offset, K1/K4; VarlenKMainloop::copy_offset, K5/K7; sm100's
-// VarlenGatherMainloop::gather_offset, K1) against CuTe's swizzled layouts, which WGMMA, tcgen05
+// VarlenGatherMainloop::gather_offset, K1, and its N-major B, K4) against CuTe's swizzled layouts, which WGMMA, tcgen05
 // MMA and TMA use: checked on the host, so a change of tile shape or layout that breaks the
 // hand-derived formulas fails here rather than as wrong numbers on the GPU.
 #include <gtest/gtest.h>
@@ -73,6 +73,27 @@ TEST(SmemLayouts, gather_offsets_of_the_sm100_gather_mainloop) {
       EXPECT_EQ(reinterpret_cast<const char*>(at) - reinterpret_cast<const char*>(base),
                 int64_t(stage) * Mainloop::kBytesB + i * Mainloop::kBoxRowsB * Mainloop::kTileK * 2);
     }
+}
+
+// sm100 K4: B (w2[e], (E, d, n)) is N-major. TMA box i (64 N columns x 64 k rows, 128-byte
+// swizzle) writes element (n, k) of the box's block at byte k * 128 + 2 n % 128 with the 16-byte
+// chunk bits XORed by the row's (k % 8); the box sits at 8 KB i. The UMMA layout must put every
+// element there.
+TEST(SmemLayouts, n_major_b_of_the_sm100_gather_mainloop) {
+  using Mainloop = sonicmoe::sm100::VarlenGatherMainloop<128, 256, 64, 4, /*k_major_b=*/false>;
+  Element* base = reinterpret_cast<Element*>(uintptr_t(1) << 20);
+  auto sB = cute::make_tensor(cute::make_smem_ptr(base), typename Mainloop::SmemLayoutB{});
+  for (int stage = 0; stage < 2; ++stage)
+    for (int n = 0; n < Mainloop::kTileN; ++n)
+      for (int k = 0; k < Mainloop::kTileK; ++k) {
+        const int64_t in_box = int64_t(k) * 128 + (n % 64) * 2;
+        const int64_t want = int64_t(stage) * Mainloop::kBytesB +
+                             int64_t(n / Mainloop::kBoxRowsB) * Mainloop::kBoxRowsB * Mainloop::kTileK * 2 +
+                             (in_box ^ (((in_box >> 7) & 7) << 4));
+        const Element* at = cute::raw_pointer_cast(&sB(cute::make_coord(cute::make_coord(n, k % 16), 0, k / 16, stage)));
+        ASSERT_EQ(reinterpret_cast<const char*>(at) - reinterpret_cast<const char*>(base), want)
+            << "n " << n << " k " << k << " stage " << stage;
+      }
 }
 
 // Varlen K: the copied operands are MN-major (column, sorted row, stage), 128 columns wide.

@@ -1,4 +1,4 @@
-// Mainloop of the sm100 varlen-M gathered GEMM (K1): a ring of shared-memory stages filled by two
+// Mainloop of the sm100 varlen-M gathered GEMMs (K1, K4): a ring of shared-memory stages filled by two
 // producers and drained by tcgen05 MMAs into an fp32 accumulator in tensor memory (TMEM).
 //
 //  - A (x rows gathered through gather_idx) by cp.async: Blackwell's TMA has a 4-row gather
@@ -6,8 +6,10 @@
 //    the 128-byte-swizzled K-major layout the MMA reads; each thread's copies arrive on the stage's
 //    full barrier when they land (cp.async.mbarrier.arrive.noinc). Rows past the tile's rows and
 //    columns past k are zero-filled: nothing outside x is read.
-//  - B (w1[e], K-major (E, 2n, d)) by TMA from one 3-D descriptor, in boxes of 64 rows whose
-//    origins the epilogue gives (b_rows: the gate rows of the tile and the matching up rows).
+//  - B by TMA from one 3-D descriptor, in boxes of 64 N rows whose origins the epilogue gives
+//    (b_rows): K1's w1[e], K-major (E, 2n, d) (the gate rows of the tile and the matching up rows);
+//    K4's w2[e], (E, d, n) with the reduction over d, so N-major (kKMajorB = false: 64 N columns
+//    x kTileK k rows per box, read by an MN-major UMMA descriptor, as sm90's K4 reads it).
 //  - One MMA warp: per stage, 4 tcgen05.mma (128 x kTileN x 16, 1 SM) issued by one thread; a
 //    tcgen05.commit releases the stage when they have read it, another one hands the finished
 //    accumulator to the epilogue.
@@ -30,13 +32,13 @@
 
 namespace sonicmoe::sm100 {
 
-template <int kTileM_, int kTileN_, int kTileK_, int kStages_>
+template <int kTileM_, int kTileN_, int kTileK_, int kStages_, bool kKMajorB_ = true>
 struct VarlenGatherMainloop {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
   static constexpr int kTileK = kTileK_;
   static constexpr int kStages = kStages_;
-  static constexpr bool kKMajorB = true;  // make_weight_tensor_map's box order (common/tensor_map.h)
+  static constexpr bool kKMajorB = kKMajorB_;  // make_weight_tensor_map's box order (common/tensor_map.h)
   static constexpr int kBoxRowsB = 64;    // rows of one B TMA box
   static constexpr int kBoxesB = kTileN / kBoxRowsB;
   static constexpr int kGatherThreads = 128;
@@ -45,17 +47,25 @@ struct VarlenGatherMainloop {
   static_assert(kTileK == 64, "one 128-byte swizzle row per tile row (bf16)");
 
   using Element = cutlass::bfloat16_t;
+  static constexpr auto kMajorB = kKMajorB ? cute::UMMA::Major::K : cute::UMMA::Major::MN;
   using TiledMma = decltype(cute::make_tiled_mma(
-      cute::SM100_MMA_F16BF16_SS<Element, Element, float, kTileM, kTileN, cute::UMMA::Major::K,
-                                 cute::UMMA::Major::K>{}));
+      cute::SM100_MMA_F16BF16_SS<Element, Element, float, kTileM, kTileN, cute::UMMA::Major::K, kMajorB>{}));
   using MmaShapeA = decltype(cute::partition_shape_A(
       TiledMma{}, cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{})));
   using MmaShapeB = decltype(cute::partition_shape_B(
       TiledMma{}, cute::make_shape(cute::Int<kTileN>{}, cute::Int<kTileK>{})));
   using SmemLayoutA = decltype(cute::UMMA::tile_to_mma_shape(
       cute::UMMA::Layout_K_SW128_Atom<Element>{}, cute::append(MmaShapeA{}, cute::Int<kStages>{})));
-  using SmemLayoutB = decltype(cute::UMMA::tile_to_mma_shape(
-      cute::UMMA::Layout_K_SW128_Atom<Element>{}, cute::append(MmaShapeB{}, cute::Int<kStages>{})));
+  // N-major B: 64 (N) x 8 (k) swizzle atoms, k first, so each 64-column block of a stage is one
+  // contiguous 8 KB block, exactly what one TMA box of 64 N columns x 64 k rows writes (CUTLASS's
+  // sm100 collectives order an MN-major B the same way).
+  using SmemLayoutB = cute::conditional_t<
+      kKMajorB,
+      decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_K_SW128_Atom<Element>{},
+                                             cute::append(MmaShapeB{}, cute::Int<kStages>{}))),
+      decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_MN_SW128_Atom<Element>{},
+                                             cute::append(MmaShapeB{}, cute::Int<kStages>{}),
+                                             cute::Step<cute::_2, cute::_1, cute::_3>{}))>;
 
   static constexpr uint32_t kBytesA = kTileM * kTileK * sizeof(Element);
   static constexpr uint32_t kBytesB = kTileN * kTileK * sizeof(Element);
@@ -70,7 +80,7 @@ struct VarlenGatherMainloop {
   };
 
   struct Params {
-    CUtensorMap tma_b;                    // (k, N, E) over the K-major weights
+    CUtensorMap tma_b;                    // (k, N, E) over K-major weights, (N, k, E) over N-major ones
     const Element* gather_src = nullptr;  // x, (num_tokens, k)
     const int32_t* gather_idx = nullptr;  // sorted row -> token
     int gather_src_rows = 0;              // num_tokens: gather_idx must stay below it
@@ -129,7 +139,7 @@ struct VarlenGatherMainloop {
     }
   }
 
-  // The TMA producer's side of one tile (one thread): B's boxes at the weight rows b_rows.
+  // The TMA producer's side of one tile (one thread): B's boxes at the weight rows (N) b_rows.
   static __device__ void load_b(const Params& p, SharedStorage& s, const VarlenTile& tile,
                                 const cute::array<int, kBoxesB>& b_rows, int& iteration) {
     constexpr uint64_t kCacheHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
@@ -141,8 +151,9 @@ struct VarlenGatherMainloop {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kBoxesB; ++i) {
         Element* box = s.b + stage * kTileN * kTileK + i * kBoxRowsB * kTileK;
-        cute::SM90_TMA_LOAD_3D::copy(&p.tma_b, &s.full[stage], kCacheHint, box, kt * kTileK, b_rows[i],
-                                     tile.expert);
+        const int k0 = kt * kTileK;
+        const int c0 = kKMajorB ? k0 : b_rows[i], c1 = kKMajorB ? b_rows[i] : k0;
+        cute::SM90_TMA_LOAD_3D::copy(&p.tma_b, &s.full[stage], kCacheHint, box, c0, c1, tile.expert);
       }
     }
   }
