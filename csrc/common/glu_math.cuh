@@ -62,4 +62,21 @@ __device__ __forceinline__ void glu_act_grad(float x, float& act, float& d_act) 
   }
 }
 
+// K4's math for one column of one row (every arch's K4 epilogue): from H's gate and up, dA' (the
+// accumulator) and the row's score s: dH's gate and up, A' = s * A, and the row's dS term dA' * A
+// added to d_score.
+//   A = act(gate) * up, dA = s * dA', dH = [dA * up * act'(gate), dA * act(gate)]
+template <GluActivation kAct>
+__device__ __forceinline__ void dglu_column(float gate, float up, float d_a_prime, float score, float& d_gate,
+                                            float& d_up, float& a_scaled, float& d_score) {
+  float act, d_act;
+  glu_act_grad<kAct>(gate, act, d_act);
+  const float a = act * up;
+  d_score = fmaf(d_a_prime, a, d_score);
+  const float d_a = score * d_a_prime;
+  d_gate = d_a * up * d_act;
+  d_up = d_a * act;
+  a_scaled = score * a;
+}
+
 }  // namespace sonicmoe

@@ -11,6 +11,8 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
+#include "common/dglu_tile.cuh"
+#include "common/gathered_a.h"
 #include "common/glu_tile.cuh"
 #include "common/once_per_device.h"
 #include "common/tensor_map.h"
@@ -159,15 +161,6 @@ Status run_varlen_store_gemm(const GroupedGemmParams& p) {
   return launch_varlen_gemm<Kernel>(params, p);
 }
 
-// A gathering mainloop's A operand: row r of the tile is src[gather_idx[r]], src (rows, k) bf16.
-template <class MainloopParams>
-void set_gathered_a(MainloopParams& m, const void* src, const int32_t* gather_idx, int64_t rows, int64_t k) {
-  m.gather_src = static_cast<const cutlass::bfloat16_t*>(src);
-  m.gather_idx = gather_idx;
-  m.gather_src_rows = static_cast<int>(rows);
-  m.k = static_cast<int>(k);
-}
-
 // K1: the up-projection with the x gather and the gated activation fused in (UpProjParams).
 // Each K1 unit instantiates it for one varlen configuration, every activation.
 template <GemmTileConfig kConfig, GluActivation kAct>
@@ -224,11 +217,7 @@ Status run_down_proj_grad_varlen_act(const DownProjGradParams& p) {
   } else {
     params.epilogue.h = static_cast<const Element*>(p.h);
   }
-  params.epilogue.row_score = p.row_score;
-  params.epilogue.d_h = static_cast<Element*>(p.d_h);
-  params.epilogue.a_scaled = static_cast<Element*>(p.a_scaled);
-  params.epilogue.d_score_partial = p.d_score_partial;
-  params.epilogue.n = static_cast<int>(p.n);
+  set_dglu_outputs(params.epilogue, p);
   return launch_varlen_gemm<Kernel>(params, p);
 }
 

@@ -21,6 +21,7 @@
 
 #include "cute/tensor.hpp"
 
+#include "common/dglu_tile.cuh"
 #include "common/glu_math.cuh"
 #include "sm90/epilogue/epilogue_tile_sm90.cuh"
 #include "sm90/epilogue/store_helpers_sm90.cuh"
@@ -46,14 +47,7 @@ __device__ __forceinline__ void dglu_groups(const Accumulator& accum, int v1, in
     for (int v0 = 0; v0 < 2; ++v0) {
       const float gate = v0 ? g.y : g.x, up = v0 ? u.y : u.x;
       const float d_a_prime = accum(make_coord(make_coord(v0, v1, j0 + b), m, 0));
-      float act, d_act;
-      glu_act_grad<kAct>(gate, act, d_act);
-      const float a = act * up;
-      d_score = fmaf(d_a_prime, a, d_score);
-      const float d_a = score * d_a_prime;
-      dg[v0] = d_a * up * d_act;
-      du[v0] = d_a * act;
-      as[v0] = score * a;
+      dglu_column<kAct>(gate, up, d_a_prime, score, dg[v0], du[v0], as[v0], d_score);
     }
     dg4[b] = pack_bf16x2(dg[0], dg[1]);
     du4[b] = pack_bf16x2(du[0], du[1]);
@@ -62,21 +56,11 @@ __device__ __forceinline__ void dglu_groups(const Accumulator& accum, int v1, in
 }
 
 // What K4's two epilogues share (DGluEpilogue: H in registers; DGluSmemSourceEpilogue: H
-// through shared memory): the n tiles, their B rows, and the score slots. d_score_partial has one
-// slot per 128 columns of n (kDownProjGradBlockCols): a 128-column tile writes one, a 256-column
-// tile two.
+// through shared memory): the n tiles, their B rows and the score slots (common/dglu_tile.cuh),
+// and the slots' stores from the quads' partial sums.
 template <int kTileN>
-struct DGluColumns {
-  static constexpr int kBoxRowsB = 64;
-  static constexpr int kSlotCols = 128;
-  static_assert(kTileN % kSlotCols == 0, "whole score slots per tile");
-
-  template <class Params>
-  static __host__ __device__ int n_blocks(const Params& p) { return (p.n + kTileN - 1) / kTileN; }
-  template <class Params>
-  static __device__ cute::array<int, kTileN / kBoxRowsB> b_rows(const Params&, const VarlenTile& t) {
-    return contiguous_b_rows<kTileN, kBoxRowsB>(t);
-  }
+struct DGluColumns : DGluTileColumns<kTileN> {
+  using DGluTileColumns<kTileN>::kSlotCols;
 
   // A row's dS over one slot's columns (`slot` of the tile): the 4 lanes of a quad hold the same
   // row's columns, summed in a fixed order. A slot past n (a 256-column tile's second half) has

@@ -24,14 +24,7 @@ struct DGluEpilogue : DGluColumns<kTileN> {
   using Columns = DGluColumns<kTileN>;
   using Columns::kSlotCols;
 
-  struct Params {
-    const Element* h = nullptr;       // (m_total, 2n)
-    const float* row_score = nullptr;  // (m_total)
-    Element* d_h = nullptr;           // (m_total, 2n)
-    Element* a_scaled = nullptr;      // (m_total, n)
-    float* d_score_partial = nullptr;  // (m_total, ceil(n / kSlotCols))
-    int n = 0;
-  };
+  using Params = DGluParams;  // common/dglu_tile.cuh
 
   template <class Accumulator, class Coords>
   static __device__ void store(const Params& p, Element*, const Accumulator& accum, const Coords& coords,

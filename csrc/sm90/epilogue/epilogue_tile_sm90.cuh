@@ -19,6 +19,7 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/bfloat16.h"
 
+#include "common/contiguous_b_rows.cuh"
 #include "common/varlen_tile_scheduler.cuh"
 
 namespace sonicmoe::sm90 {
@@ -93,15 +94,5 @@ struct EpilogueTile {
     }
   }
 };
-
-// The B rows (w's output columns) of an n tile of kTileN contiguous columns, in boxes of
-// kBoxRows: what b_rows returns for every epilogue but SwiGLU's (whose tile is two halves).
-template <int kTileN, int kBoxRows>
-__device__ __forceinline__ cute::array<int, kTileN / kBoxRows> contiguous_b_rows(const VarlenTile& t) {
-  cute::array<int, kTileN / kBoxRows> rows;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < kTileN / kBoxRows; ++i) rows[i] = t.n_block * kTileN + i * kBoxRows;
-  return rows;
-}
 
 }  // namespace sonicmoe::sm90
