@@ -1,4 +1,4 @@
-// Declarations of the sm100 (Blackwell, sm_100a) grouped GEMM instantiations (K2, K6 and K1), one
+// Declarations of the sm100 (Blackwell, sm_100a) grouped GEMM instantiations (K2, K6, K1 and K4), one
 // per csrc/instantiations/*_sm100.cu. Light header: no CUTLASS, so the host dispatcher compiles with
 // the host compiler.
 #pragma once
@@ -58,12 +58,13 @@ enum class UpProjConfig : int {
   k1Sm128x256x64 = 0,
 };
 
-struct UpProjShapeSm100 {
+// A tile of the varlen gathered kernel (K1, K4).
+struct VarlenGatherShapeSm100 {
   int m, n, k;  // the MMA tile
   int stages;   // of the shared-memory ring
 };
 
-constexpr UpProjShapeSm100 up_proj_shape(UpProjConfig /*config*/) { return {128, 256, 64, 4}; }
+constexpr VarlenGatherShapeSm100 up_proj_shape(UpProjConfig /*config*/) { return {128, 256, 64, 4}; }
 
 constexpr const char* up_proj_config_name(UpProjConfig /*config*/) { return "sm100_1sm_128x256x64"; }
 
@@ -74,5 +75,25 @@ std::string check_up_proj(const UpProjParams& params);
 // K1 (the x gather, the gated activation): launches the persistent kernel for p.activation.
 template <UpProjConfig Config>
 Status run_up_proj(const UpProjParams& params);
+
+// The sm100 K4 configurations: the same kernel and ring as K1's (the project's varlen gathered
+// kernel), picked by rule (sm100/heuristics.h); tile_config must be auto.
+enum class DownProjGradConfig : int {
+  // One SM per MMA: 128 rows x 256 columns of n (two score slots), no cluster, 4 stages.
+  k1Sm128x256x64 = 0,
+};
+
+constexpr VarlenGatherShapeSm100 down_proj_grad_shape(DownProjGradConfig /*config*/) { return {128, 256, 64, 4}; }
+
+constexpr const char* down_proj_grad_config_name(DownProjGradConfig /*config*/) { return "sm100_1sm_128x256x64"; }
+
+// The rules sm100 adds to sonicmoe::check_down_proj_grad's on an sm_100 GPU (config auto only); ""
+// when they hold. Defined in host/down_proj_grad.cpp.
+std::string check_down_proj_grad(const DownProjGradParams& params);
+
+// K4 (the dO gather, the gated activation's backward, the score gradient): launches the
+// persistent kernel for p.activation.
+template <DownProjGradConfig Config>
+Status run_down_proj_grad(const DownProjGradParams& params);
 
 }  // namespace sonicmoe::sm100

@@ -1,5 +1,5 @@
-// Host side of the sm100 varlen gathered GEMM (K1): the TMA descriptor of w1, the kernel's
-// parameters and the persistent launch (one CTA per SM, or per tile where there are fewer).
+// Host side of the sm100 varlen gathered GEMMs (K1, K4): the TMA descriptor of the weights, the
+// kernels' parameters and the persistent launch (one CTA per SM, or per tile where there are fewer).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,12 +9,15 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/dglu_tile.cuh"
+#include "common/gathered_a.h"
 #include "common/glu_tile.cuh"
 #include "common/once_per_device.h"
 #include "common/tensor_map.h"
 #include "common/tile_size.h"
 #include "sm100/arch_guard_sm100.h"
 #include "sm100/collective/varlen_gather_mainloop_sm100.cuh"
+#include "sm100/epilogue/dglu_epilogue_sm100.cuh"
 #include "sm100/epilogue/glu_epilogue_sm100.cuh"
 #include "sm100/grouped_gemm_sm100.h"
 #include "sm100/varlen_gemm_kernel_sm100.cuh"
@@ -28,24 +31,20 @@ template <UpProjConfig kConfig>
 using UpProjMainloop = VarlenGatherMainloop<up_proj_shape(kConfig).m, up_proj_shape(kConfig).n,
                                             up_proj_shape(kConfig).k, up_proj_shape(kConfig).stages>;
 
-template <UpProjConfig kConfig, GluActivation kAct>
-Status run_up_proj_act(const UpProjParams& p) {
-  using Mainloop = UpProjMainloop<kConfig>;
-  using Kernel = VarlenGatherGemmKernel<Mainloop, GluEpilogue<Mainloop::kTileN, kAct>>;
-  typename Kernel::Params params{};
-  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
-  params.mainloop.gather_src = static_cast<const cutlass::bfloat16_t*>(p.x);
-  params.mainloop.gather_idx = p.gather_idx;
-  params.mainloop.gather_src_rows = static_cast<int>(p.num_tokens);
-  params.mainloop.k = static_cast<int>(p.d);
-  params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
-  params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
-  params.epilogue.n = static_cast<int>(p.n);
-  params.expert_offsets = p.expert_offsets;
-  params.num_experts = p.num_experts;
-  params.m_total = static_cast<int>(p.m_total);
-  params.rows_end_early = p.partial_rows;
+// The K4 mainloop: the same tile and ring, B = w2[e] (E, d, n) read N-major (the reduction is over d).
+template <DownProjGradConfig kConfig>
+using DownProjGradMainloop =
+    VarlenGatherMainloop<down_proj_grad_shape(kConfig).m, down_proj_grad_shape(kConfig).n,
+                         down_proj_grad_shape(kConfig).k, down_proj_grad_shape(kConfig).stages, /*k_major_b=*/false>;
 
+// Fills the routing fields of params from the varlen problem and launches the persistent grid on
+// problem.stream: one CTA per SM of problem.sm_count, or per tile where there are fewer.
+template <class Kernel>
+Status launch_varlen_gather(typename Kernel::Params& params, const VarlenProblem& problem) {
+  params.expert_offsets = problem.expert_offsets;
+  params.num_experts = problem.num_experts;
+  params.m_total = static_cast<int>(problem.m_total);
+  params.rows_end_early = problem.partial_rows;
   auto* kernel = &varlen_gather_gemm_kernel<Kernel>;
   int opted_in = 0;
   SONICMOE_TRY(once_per_device<&varlen_gather_gemm_kernel<Kernel>>(&opted_in, [&](int* done) -> Status {
@@ -54,12 +53,25 @@ Status run_up_proj_act(const UpProjParams& p) {
     *done = 1;
     return Status::success();
   }));
-  const int64_t max_tiles =
-      varlen_max_tiles(p.m_total, p.num_experts, Kernel::kTileM, Kernel::Epilogue::n_blocks(params.epilogue));
-  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.sm_count, max_tiles)));
-  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, p.stream>>>(params);
+  const int64_t max_tiles = varlen_max_tiles(problem.m_total, problem.num_experts, Kernel::kTileM,
+                                             Kernel::Epilogue::n_blocks(params.epilogue));
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(problem.sm_count, max_tiles)));
+  kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, problem.stream>>>(params);
   SONICMOE_CUDA_TRY(cudaGetLastError());
   return Status::success();
+}
+
+template <UpProjConfig kConfig, GluActivation kAct>
+Status run_up_proj_act(const UpProjParams& p) {
+  using Mainloop = UpProjMainloop<kConfig>;
+  using Kernel = VarlenGatherGemmKernel<Mainloop, GluEpilogue<Mainloop::kTileN, kAct>>;
+  typename Kernel::Params params{};
+  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
+  set_gathered_a(params.mainloop, p.x, p.gather_idx, p.num_tokens, p.d);
+  params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
+  params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
+  params.epilogue.n = static_cast<int>(p.n);
+  return launch_varlen_gather<Kernel>(params, p);
 }
 
 // The activation is a template parameter (each its own kernel, as on sm90); p.activation picks one.
@@ -68,6 +80,28 @@ template <UpProjConfig kConfig>
 Status run_up_proj(const UpProjParams& p) {
   return with_glu_activation("up_proj", p.activation,
                              [&](auto act) { return run_up_proj_act<kConfig, decltype(act)::value>(p); });
+}
+
+// K4: dA' = dO[gather] @ w2[e], the gated activation's backward and the score gradient in the
+// epilogue (DownProjGradParams), as sm90's K4 writes them.
+template <DownProjGradConfig kConfig, GluActivation kAct>
+Status run_down_proj_grad_act(const DownProjGradParams& p) {
+  using Mainloop = DownProjGradMainloop<kConfig>;
+  using Kernel = VarlenGatherGemmKernel<Mainloop, DGluEpilogue<Mainloop::kTileN, kAct>>;
+  static_assert(Kernel::Epilogue::kSlotCols == kDownProjGradBlockCols, "d_score_partial slots");
+  typename Kernel::Params params{};
+  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w2, p.n, p.d, p.num_experts));
+  set_gathered_a(params.mainloop, p.d_out, p.gather_idx, p.num_tokens, p.d);
+  params.epilogue.h = static_cast<const cutlass::bfloat16_t*>(p.h);
+  set_dglu_outputs(params.epilogue, p);
+  return launch_varlen_gather<Kernel>(params, p);
+}
+
+template <DownProjGradConfig kConfig>
+Status run_down_proj_grad(const DownProjGradParams& p) {
+  return with_glu_activation("down_proj_grad", p.activation, [&](auto act) {
+    return run_down_proj_grad_act<kConfig, decltype(act)::value>(p);
+  });
 }
 
 }  // namespace sonicmoe::sm100

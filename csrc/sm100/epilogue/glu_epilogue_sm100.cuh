@@ -9,9 +9,7 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 
-#include "cute/arch/copy_sm100.hpp"
 #include "cute/container/array.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/bfloat16.h"
@@ -21,6 +19,7 @@
 #include "common/h_column_order.h"
 #include "common/ptx.cuh"
 #include "common/varlen_tile_scheduler.cuh"
+#include "sm100/epilogue/tmem_rows_sm100.cuh"
 
 namespace sonicmoe::sm100 {
 
@@ -29,25 +28,23 @@ struct GluEpilogue : GluTileColumns<kTileN> {  // Params, n_blocks, b_rows
   using Element = cutlass::bfloat16_t;
   using Params = typename GluTileColumns<kTileN>::Params;
   static constexpr int kHalf = GluTileColumns<kTileN>::kHalf;
-  static constexpr int kThreads = 128;  // 4 warps: warp w reads TMEM lanes [32 w, 32 w + 32)
-  static constexpr int kCols = 32;      // columns per tcgen05.ld (32x32b.x32: 32 registers)
+  static constexpr int kThreads = kEpilogueThreads;  // tmem_rows_sm100.cuh
+  static constexpr int kCols = kTmemCols;
   static_assert(kHalf % kCols == 0, "whole TMEM loads");
   static_assert(kCols == kHBlockCols, "one load per block of H's column order");
 
   // The tile in TMEM columns [tmem_acc, tmem_acc + kTileN) to A and H. Called by the 128 epilogue
   // threads (thread_idx = tile row = TMEM lane); returns once its TMEM loads have completed.
   static __device__ void store(const Params& p, uint32_t tmem_acc, const VarlenTile& t, int thread_idx) {
-    const uint32_t lane_base = tmem_acc + (uint32_t(thread_idx / 32 * 32) << 16);  // the warp's lanes
-    const bool row_ok = thread_idx < t.rows;
-    const int64_t row = t.row_start + thread_idx;
+    const auto [lane_base, row_ok, row] = TmemRow(tmem_acc, t, thread_idx);
     const int col0 = t.n_block * kHalf;
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < kHalf; c += kCols) {
       const int col = col0 + c;
       if (col >= p.n) break;  // the same for the whole warp (tcgen05.ld is warp-wide)
       uint32_t gate[kCols], up[kCols];
-      tmem_load(lane_base + c, gate, std::make_index_sequence<kCols>{});
-      tmem_load(lane_base + kHalf + c, up, std::make_index_sequence<kCols>{});
+      tmem_load_cols(lane_base + c, gate);
+      tmem_load_cols(lane_base + kHalf + c, up);
       cutlass::arch::fence_view_async_tmem_load();
       if (!row_ok) continue;
       uint32_t act[kCols / 2];
@@ -75,12 +72,6 @@ struct GluEpilogue : GluTileColumns<kTileN> {  // Params, n_blocks, b_rows
   }
 
  private:
-  // 32 columns of this thread's TMEM lane from address addr into r (the CuTe atom, one register each).
-  template <size_t... I>
-  static __device__ void tmem_load(uint32_t addr, uint32_t (&r)[kCols], std::index_sequence<I...>) {
-    cute::SM100_TMEM_LOAD_32dp32b32x::copy(addr, r[I]...);
-  }
-
   // One block of 32 fp32 columns (v) to bf16 at dst, 16-byte chunks below `cols`: position j holds
   // column h_position(j) of the block in H's order (kPermuted), else column j.
   template <bool kPermuted>
