@@ -1,17 +1,21 @@
-// Host side of the backward through the down-projection and SwiGLU (K4): rules, then launch.
+// Host side of the backward through the down-projection and the gated activation (K4): rules, then
+// the launch on the device's kernel family (sm90, or sm100 on a B200 where built).
 #include <climits>
 #include <cstdint>
 #include <string>
 
+#include "common/cuda_check.h"
 #include "common/host_rules.h"
 #include "common/tile_size.h"
 #include "host/autotune.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
+#include "sm100/grouped_gemm_sm100.h"
+#include "sm100/heuristics.h"
 #include "sonicmoe.h"
 
-#if !defined(SONICMOE_HAS_SM90)
-#error "SONICMOE_HAS_SM90 must be defined (CMakeLists.txt)"
+#if !defined(SONICMOE_HAS_SM90) || !defined(SONICMOE_HAS_SM100)
+#error "SONICMOE_HAS_SM90 and SONICMOE_HAS_SM100 must be defined (CMakeLists.txt)"
 #endif
 
 namespace sonicmoe {
@@ -30,11 +34,49 @@ Status launch_down_proj_grad(const DownProjGradParams& p, GemmTileConfig config)
   }
 #else
   (void)p, (void)config;
-  return Status::error("down_proj_grad: this build holds no sm_90a kernels");  // check_sm90_only_device refuses first
+  return Status::error("down_proj_grad: this build holds no sm_90a kernels");  // device_kernel_arch refuses first
 #endif
 }
 
+Status run_down_proj_grad_sm100(const DownProjGradParams& p) {
+  const std::string problem = sm100::check_down_proj_grad(p);
+  if (!problem.empty()) return Status::error(problem);
+#if SONICMOE_HAS_SM100
+  switch (sm100::choose_down_proj_grad_config(p.n, p.d)) {
+    case sm100::DownProjGradConfig::k1Sm128x256x64:
+      return sm100::run_down_proj_grad<sm100::DownProjGradConfig::k1Sm128x256x64>(p);
+  }
+  return Status::error("down_proj_grad: no sm100 kernel for this configuration");
+#else
+  return Status::error("down_proj_grad: this build holds no sm_100a kernels");  // device_kernel_arch refuses first
+#endif
+}
+
+// The launch on the device's kernel family (the caller has made the launch device current).
+Status launch_down_proj_grad_on_device(const DownProjGradParams& p) {
+  int device = 0;
+  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+  const KernelArchChoice arch = device_kernel_arch("down_proj_grad", device, /*op_has_sm100=*/true);
+  if (arch.arch == KernelArch::kSm100) return run_down_proj_grad_sm100(p);
+  if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
+  if (p.config != GemmTileConfig::kAuto) return launch_down_proj_grad(p, p.config);
+  const autotune::Key key{autotune::Op::kDownProjGrad, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
+                          p.sm_count, int(p.partial_rows) | int(p.activation) << 1};
+  return autotune::run(key, sm90::choose_down_proj_grad_config(p.n, p.d), autotune::varlen_candidates(), p.stream,
+                       [&](GemmTileConfig config) { return launch_down_proj_grad(p, config); });
+}
+
 }  // namespace
+
+// The rules sm100 adds to check_down_proj_grad's: its one kernel is chosen by rule
+// (sm100/heuristics.h), and no GemmTileConfig names it.
+std::string sm100::check_down_proj_grad(const DownProjGradParams& p) {
+  if (p.config != GemmTileConfig::kAuto)
+    return rule_message("down_proj_grad", "config", static_cast<int>(p.config),
+                        std::string("must be 0 (auto) on an sm_100 GPU in this build (the other GemmTileConfigs "
+                                    "are sm90 kernels); ") + sm100::kDownProjGradRule);
+  return {};
+}
 
 std::string check_down_proj_grad(const DownProjGradParams& p) {
   std::string problem = check_expert_mlp_dims("down_proj_grad", p);
@@ -56,17 +98,7 @@ Status run_down_proj_grad(const DownProjGradParams& p) {
   if (!aligned16(p.d_out) || !aligned16(p.w2) || !aligned16(p.h) || !aligned16(p.d_h) ||
       !aligned16(p.a_scaled))
     return Status::error("down_proj_grad: d_out, w2, h, d_h and a_scaled must be 16-byte aligned");
-  problem = check_sm90_only_device("down_proj_grad");
-  if (!problem.empty()) return Status::error(problem);
-  Status status;
-  if (p.config != GemmTileConfig::kAuto) {
-    status = launch_down_proj_grad(p, p.config);
-  } else {
-    const autotune::Key key{autotune::Op::kDownProjGrad, p.n, p.d, autotune::bit_width(p.m_total), p.num_experts,
-                            p.sm_count, int(p.partial_rows) | int(p.activation) << 1};
-    status = autotune::run(key, sm90::choose_down_proj_grad_config(p.n, p.d), autotune::varlen_candidates(),
-                           p.stream, [&](GemmTileConfig config) { return launch_down_proj_grad(p, config); });
-  }
+  const Status status = launch_down_proj_grad_on_device(p);
   if (!status.ok() || !p.partial_rows) return status;
   // The weight gradients read d_h and a_scaled by TMA boxes that may reach past offsets[E].
   const int32_t* end_row = p.expert_offsets + p.num_experts;

@@ -1,6 +1,6 @@
 // kAuto's choice of the sm100 configurations: the grouped GEMM (K2 and K6: either b_layout, the
-// same tiles) and the up-projection (K1). Host-only, no CUTLASS: the dispatchers and the CPU tests
-// read it.
+// same tiles), the up-projection (K1) and its backward (K4). Host-only, no CUTLASS: the dispatchers
+// and the CPU tests read it.
 #pragma once
 
 #include <cstdint>
@@ -29,5 +29,15 @@ constexpr const char* kUpProjRule = "auto picks 1-SM 128x256x64, the one sm100 K
 // epilogue overlaps the next one's MMAs. A 2-SM pair tile would need both CTAs to gather (no
 // shared A load to halve) and is not built yet.
 constexpr UpProjConfig choose_up_proj_config(int64_t /*n*/, int64_t /*d*/) { return UpProjConfig::k1Sm128x256x64; }
+
+// K4's rule in words, for the error that refuses an explicit tile_config on sm100.
+constexpr const char* kDownProjGradRule =
+    "auto picks 1-SM 128x256x64, the one sm100 down_proj_grad configuration so far";
+
+// One configuration, K1's tile and ring: 256 columns of n per gathered dO row (the widest 1-SM
+// tcgen05 N), two fp32 accumulators filling TMEM's 512 columns.
+constexpr DownProjGradConfig choose_down_proj_grad_config(int64_t /*n*/, int64_t /*d*/) {
+  return DownProjGradConfig::k1Sm128x256x64;
+}
 
 }  // namespace sonicmoe::sm100

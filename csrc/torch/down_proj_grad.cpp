@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "sm100/grouped_gemm_sm100.h"
 #include "sonicmoe.h"
 #include "torch/checks.h"
 #include "torch/ops.h"
@@ -72,11 +73,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     int64_t activation) {
   check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config, activation);
   check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
-                               {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
+                               {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}},
+                         /*op_has_sm100=*/true);
   const c10::cuda::CUDAGuard guard(d_out.device());
   DownProjGradParams p = down_proj_grad_shape(d_out, w2, gather_idx);
   p.partial_rows = partial_rows;
   p.config = static_cast<GemmTileConfig>(tile_config);
+  if (device_arch(d_out.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
+    const std::string problem = sm100::check_down_proj_grad(p);
+    TORCH_CHECK_VALUE(problem.empty(), problem);
+  }
   p.activation = static_cast<GluActivation>(activation);
   const int64_t blocks = (p.n + kDownProjGradBlockCols - 1) / kDownProjGradBlockCols;
   at::Tensor d_h = at::empty({p.m_total, 2 * p.n}, d_out.options());

@@ -66,8 +66,8 @@ KERNEL_DEVICE_TYPES = {"cuda"}
 
 def kernel_archs() -> tuple[int, ...]:
     """The kernel archs of the built extension (SONICMOE_CUDA_ARCHS): 90 for sm_90a, 100 for
-    sm_100a; () without the extension. sm_100a holds grouped_gemm, grouped_gemm_kn and up_proj only
-    so far."""
+    sm_100a; () without the extension. sm_100a holds grouped_gemm, grouped_gemm_kn, up_proj and
+    down_proj_grad only so far."""
     return tuple(torch.ops.sonicmoe.kernel_archs()) if _C is not None else ()
 
 

@@ -90,8 +90,8 @@ TEST(DeviceArch, blackwell_refuses_ops_without_sm100_kernels_whatever_was_built)
   for (const BuiltArchs built : {kSm90Only, kBoth}) {
     const auto c = choose_kernel_arch("weight_grad", 10, 0, built, false);
     EXPECT_EQ(c.arch, KernelArch::kNone);
-    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, and "
-                       "up_proj only in this build); on sm_90 GPUs (H100, H200) every op runs");
+    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, "
+                       "up_proj and down_proj_grad only in this build); on sm_90 GPUs (H100, H200) every op runs");
   }
 }
 
@@ -223,6 +223,56 @@ TEST(UpProjSm100Host, takes_auto_only_and_names_the_rule) {
   EXPECT_EQ(sonicmoe::sm100::check_up_proj(p),  // ... refused on sm100, naming the rule
             "up_proj: config = 8 breaks the rule: must be 0 (auto) on an sm_100 GPU in this build (the other "
             "GemmTileConfigs are sm90 kernels); auto picks 1-SM 128x256x64, the one sm100 K1 configuration so far");
+}
+
+// ---------------------------------------------------------------- sm100 down_proj_grad host rules
+
+TEST(DownProjGradSm100Host, auto_takes_the_one_configuration) {
+  using sonicmoe::sm100::DownProjGradConfig;
+  for (int64_t n : {8, 256, 768, 1024, 2048, 8192})
+    for (int64_t d : {8, 1024, 4096, 7168})
+      EXPECT_EQ(sonicmoe::sm100::choose_down_proj_grad_config(n, d), DownProjGradConfig::k1Sm128x256x64)
+          << n << " x " << d;
+  EXPECT_STREQ(sonicmoe::sm100::down_proj_grad_config_name(DownProjGradConfig::k1Sm128x256x64),
+               "sm100_1sm_128x256x64");
+}
+
+// K4's tile: one TMEM lane per row, 256 columns of n (whole 128-column score slots), two fp32
+// accumulators in TMEM's 512 columns, whole 64-column B boxes (w2 read N-major), 4 stages in 227 KB.
+TEST(DownProjGradSm100Host, shape_fits_tmem_shared_memory_and_the_score_slots) {
+  constexpr auto s = sonicmoe::sm100::down_proj_grad_shape(sonicmoe::sm100::DownProjGradConfig::k1Sm128x256x64);
+  EXPECT_EQ(s.m, 128);
+  EXPECT_EQ(s.n, 256);
+  EXPECT_EQ(s.k, 64);
+  EXPECT_EQ(s.n % sonicmoe::kDownProjGradBlockCols, 0);
+  EXPECT_EQ(s.n % 64, 0);
+  EXPECT_LE(2 * s.n, 512);
+  const int stage_bytes = (s.m + s.n) * s.k * 2;
+  EXPECT_LE(s.stages * stage_bytes + 1024, 227 * 1024);
+  EXPECT_GT((s.stages + 1) * stage_bytes, 227 * 1024);
+}
+
+TEST(DownProjGradSm100Host, takes_auto_only_and_names_the_rule) {
+  auto p = sonicmoe::test::expert_mlp_shape<sonicmoe::DownProjGradParams>();
+  EXPECT_EQ(sonicmoe::check_down_proj_grad(p), "");
+  EXPECT_EQ(sonicmoe::sm100::check_down_proj_grad(p), "");
+  p.partial_rows = true;
+  EXPECT_EQ(sonicmoe::sm100::check_down_proj_grad(p), "");
+  for (int a = 0; a < sonicmoe::kNumGluActivations; ++a) {
+    p.activation = static_cast<sonicmoe::GluActivation>(a);
+    EXPECT_EQ(sonicmoe::sm100::check_down_proj_grad(p), "");
+  }
+  p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64;  // valid on sm90 ...
+  EXPECT_EQ(sonicmoe::check_down_proj_grad(p), "");
+  EXPECT_EQ(sonicmoe::sm100::check_down_proj_grad(p),  // ... refused on sm100, naming the rule
+            "down_proj_grad: config = 8 breaks the rule: must be 0 (auto) on an sm_100 GPU in this build (the "
+            "other GemmTileConfigs are sm90 kernels); auto picks 1-SM 128x256x64, the one sm100 down_proj_grad "
+            "configuration so far");
+}
+
+TEST(DownProjGradSm100Host, blackwell_takes_the_sm100_path) {
+  for (const BuiltArchs built : {kSm100Only, kBoth})
+    EXPECT_EQ(choose_kernel_arch("down_proj_grad", 10, 0, built, true).arch, KernelArch::kSm100);
 }
 
 #if SONICMOE_HAS_SM100

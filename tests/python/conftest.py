@@ -44,8 +44,8 @@ requires_hopper = pytest.mark.skipif(HOPPER_SKIP_REASON is not None, reason=HOPP
 
 def _blackwell_reason():
     """A B200 / GB200 (compute capability 10.0: the one sm_100a loads on) and a build holding
-    sm_100a kernels (SONICMOE_CUDA_ARCHS="90a;100a"); only grouped_gemm (NK and KN) and up_proj run
-    there so far."""
+    sm_100a kernels (SONICMOE_CUDA_ARCHS="90a;100a"); only grouped_gemm (NK and KN), up_proj and
+    down_proj_grad run there so far."""
     if not sonicmoe.extension_available():
         return "sonicmoe._C is not built (python setup.py build_ext --inplace)"
     if not torch.cuda.is_available():
