@@ -16,6 +16,15 @@ inline std::string rule_message(const char* op, const char* name, int64_t value,
   return std::string(op) + ": " + name + " = " + std::to_string(value) + " breaks the rule: " + rule;
 }
 
+// An sm100 op's kernels are chosen by rule (sm100/heuristics.h: `rule` says how) and no
+// GemmTileConfig names them: on an sm_100 GPU config must be auto.
+inline std::string sm100_auto_config_only(const char* op, GemmTileConfig config, const char* rule) {
+  if (config == GemmTileConfig::kAuto) return {};
+  return rule_message(op, "config", static_cast<int>(config),
+                      std::string("must be 0 (auto) on an sm_100 GPU in this build (the other GemmTileConfigs "
+                                  "are sm90 kernels); ") + rule);
+}
+
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The varlen configurations every varlen op takes are the numbers from the first one to

@@ -71,11 +71,7 @@ Status launch_down_proj_grad_on_device(const DownProjGradParams& p) {
 // The rules sm100 adds to check_down_proj_grad's: its one kernel is chosen by rule
 // (sm100/heuristics.h), and no GemmTileConfig names it.
 std::string sm100::check_down_proj_grad(const DownProjGradParams& p) {
-  if (p.config != GemmTileConfig::kAuto)
-    return rule_message("down_proj_grad", "config", static_cast<int>(p.config),
-                        std::string("must be 0 (auto) on an sm_100 GPU in this build (the other GemmTileConfigs "
-                                    "are sm90 kernels); ") + sm100::kDownProjGradRule);
-  return {};
+  return sm100_auto_config_only("down_proj_grad", p.config, sm100::kDownProjGradRule);
 }
 
 std::string check_down_proj_grad(const DownProjGradParams& p) {

@@ -188,10 +188,8 @@ Status run_grouped_gemm_sm100(const GroupedGemmParams& params) {
 // the epilogue): its kernels are CUTLASS's ptr-array grouped GEMM, chosen by rule, and no
 // GemmTileConfig names them.
 std::string sm100::check_grouped_gemm(const GroupedGemmParams& p) {
-  if (p.config != GemmTileConfig::kAuto)
-    return value_rule("config", static_cast<int>(p.config),
-                      std::string("must be 0 (auto) on an sm_100 GPU in this build (the other GemmTileConfigs "
-                                  "are sm90 kernels); ") + sm100::kGroupedGemmRule);
+  std::string problem = sm100_auto_config_only("grouped_gemm", p.config, sm100::kGroupedGemmRule);
+  if (!problem.empty()) return problem;
   if (p.partial_rows)
     return value_rule("partial_rows", 1,
                       "must be false on an sm_100 GPU: its ptr-array kernel needs expert_offsets[E] = m_total "

@@ -56,11 +56,7 @@ Status run_up_proj_sm100(const UpProjParams& p) {
 // The rules sm100 adds to check_up_proj's: its one kernel is chosen by rule (sm100/heuristics.h),
 // and no GemmTileConfig names it.
 std::string sm100::check_up_proj(const UpProjParams& p) {
-  if (p.config != GemmTileConfig::kAuto)
-    return rule_message("up_proj", "config", static_cast<int>(p.config),
-                        std::string("must be 0 (auto) on an sm_100 GPU in this build (the other GemmTileConfigs "
-                                    "are sm90 kernels); ") + sm100::kUpProjRule);
-  return {};
+  return sm100_auto_config_only("up_proj", p.config, sm100::kUpProjRule);
 }
 
 std::string check_up_proj(const UpProjParams& p) {
