@@ -24,7 +24,7 @@ Status run_varlen_grouped_gemm_cooperative_128x256(const GroupedGemmParams& para
 Status run_varlen_grouped_gemm_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_cooperative_128x256_c2x1(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_pingpong_128x128_c2x1(const GroupedGemmParams& params);
-// K2 alone: ping-pong 128 x 192 tiles (kVarlenPingpong128x192x64).
+// Ping-pong 128 x 192 tiles (kVarlenPingpong128x192x64: K2 and K6 only).
 Status run_varlen_grouped_gemm_pingpong_128x192(const GroupedGemmParams& params);
 
 // K6 layout: out = a @ b[e], b (E, k, n_out) (WeightLayout::kKN), on the varlen kernel, one
@@ -34,12 +34,14 @@ Status run_varlen_grouped_gemm_kn_cooperative_128x256(const GroupedGemmParams& p
 Status run_varlen_grouped_gemm_kn_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_cooperative_128x256_c2x1(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_pingpong_128x128_c2x1(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_pingpong_128x192(const GroupedGemmParams& params);
 // The same adding addend_scale[r] * addend_rows[e] to each row (RowAddendStoreEpilogue).
 Status run_varlen_grouped_gemm_kn_addend(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_addend_cooperative_128x256(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_addend_cooperative_256x128(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_addend_cooperative_128x256_c2x1(const GroupedGemmParams& params);
 Status run_varlen_grouped_gemm_kn_addend_pingpong_128x128_c2x1(const GroupedGemmParams& params);
+Status run_varlen_grouped_gemm_kn_addend_pingpong_128x192(const GroupedGemmParams& params);
 
 // K4 (run_down_proj_grad of sonicmoe.h) once the host rules have passed, one per varlen
 // configuration (a 256-column tile writes two 128-column score slots).

@@ -19,6 +19,14 @@ __device__ __forceinline__ void load_shared_16B(uint32_t (&v)[4], uint32_t addr)
                : "r"(addr));
 }
 
+// One 4-byte shared-memory load (addr: a shared-window address, 4-byte aligned), volatile: every
+// call is its own load, never merged with an equal one (whose value would then stay in a register).
+__device__ __forceinline__ uint32_t load_shared_4B_volatile(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
 // One 4-byte shared-memory store (addr: a shared-window address, 4-byte aligned).
 __device__ __forceinline__ void store_shared_4B(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");

@@ -77,13 +77,21 @@ struct RowAddendStoreEpilogue {
     using namespace cute;
     constexpr int kHalves = decltype(size<1>(accum))::value;
     constexpr int kGroups = decltype(size<0, 2>(accum))::value;
+    // This lane's column pair of each group is the same in every row it holds: one bf16 pair. With
+    // at most 128 accumulators a thread the pairs stay in registers through the stores. The
+    // ping-pong 128 x 192 tile's 192 leave no room for 24 more (held, or loaded ahead of their
+    // uses, they spilled at the consumers' 232 registers): each pair is loaded where it is added,
+    // by a volatile load that the compiler does not merge with the same pair's other loads, and
+    // the barrier that guards the next tile's copies follows the stores.
+    constexpr bool kRowsInRegisters = decltype(size(accum))::value <= 128;
+    const auto pair_at = [&](int g) { return &s.rows[get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)))]; };
     cp_async_wait_all();
     Tile::sync(barrier_id);  // every thread's copies have landed
-    // This lane's column pair of each group is the same in every row it holds: one bf16 pair.
-    uint32_t rows[kGroups];
-    CUTLASS_PRAGMA_UNROLL
-    for (int g = 0; g < kGroups; ++g)
-      rows[g] = *reinterpret_cast<const uint32_t*>(&s.rows[get<1>(coords(make_coord(make_coord(0, 0, g), 0, 0)))]);
+    uint32_t rows[kRowsInRegisters ? kGroups : 1];
+    if constexpr (kRowsInRegisters) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int g = 0; g < kGroups; ++g) rows[g] = *reinterpret_cast<const uint32_t*>(pair_at(g));
+    }
     float scale[kHalves][2];
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < kHalves; ++h) {
@@ -94,11 +102,17 @@ struct RowAddendStoreEpilogue {
         scale[h][v1] = s.scale[h * Tile::kHalfRows + r - half_row];
       }
     }
-    Tile::sync(barrier_id);  // every read is done before the next tile's copies
+    if constexpr (kRowsInRegisters) Tile::sync(barrier_id);  // every read is done before the next tile's copies
     Base::store_quad_transposed(p, accum, coords, t, [&](int h, int v1, int g, float& lo, float& hi) {
-      lo = fmaf(scale[h][v1], __uint_as_float(rows[g] << 16), lo);
-      hi = fmaf(scale[h][v1], __uint_as_float(rows[g] & 0xffff0000u), hi);
+      uint32_t row;
+      if constexpr (kRowsInRegisters)
+        row = rows[g];
+      else
+        row = load_shared_4B_volatile(cute::cast_smem_ptr_to_uint(pair_at(g)));
+      lo = fmaf(scale[h][v1], __uint_as_float(row << 16), lo);
+      hi = fmaf(scale[h][v1], __uint_as_float(row & 0xffff0000u), hi);
     });
+    if constexpr (!kRowsInRegisters) Tile::sync(barrier_id);  // as above, after the stores' reads
   }
 };
 
