@@ -75,10 +75,10 @@ enum class GemmTileConfig : int {
   // The ping-pong 128 x 128 tile in 2 x 1 clusters sharing B by multicast (upstream's dH tile):
   // each CTA's two consumer warpgroups take alternate pairs, the same parity in both CTAs.
   kVarlenPingpong128x128x64C2x1 = 11,
-  // K2 only (grouped_gemm, b_layout NK): a ping-pong warpgroup owns a 128 x 192 tile (192 fp32
-  // accumulators a thread), for short K loops (the down-projection at n < 1024) where the tile's
-  // stores weigh and ping-pong hides them; 64-column B boxes, which K1's gate / up halves of 96
-  // columns do not fit.
+  // grouped_gemm only (K2, b_layout NK, and K6, b_layout KN): a ping-pong warpgroup owns a
+  // 128 x 192 tile (192 fp32 accumulators a thread), for short K loops (the down-projection at
+  // n < 1024, dX~ = dH @ w1 over k = 2n) where the tile's stores weigh and ping-pong hides them;
+  // 64-column B boxes, which K1's gate / up halves of 96 columns do not fit.
   kVarlenPingpong128x192x64 = 12,
 };
 constexpr int kNumGemmTileConfigs = 13;  // including kAuto
@@ -90,7 +90,8 @@ constexpr bool is_varlen_config(GemmTileConfig c) {
          c == GemmTileConfig::kVarlenCooperative256x128x64 || c == GemmTileConfig::kVarlenPingpong128x128x64C2x1;
 }
 
-// The varlen configurations of K2 alone (grouped_gemm with b_layout NK), after every other one.
+// The varlen configurations of grouped_gemm alone (K2 and K6, either b_layout; not K1, K4, K5 /
+// K7), after every other one.
 constexpr bool is_grouped_gemm_only_config(GemmTileConfig c) { return c == GemmTileConfig::kVarlenPingpong128x192x64; }
 
 // The gated activation of K1 / K4: A = act(gate) * up (common/glu_math.cuh).

@@ -28,8 +28,9 @@ inline std::string sm100_auto_config_only(const char* op, GemmTileConfig config,
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The varlen configurations every varlen op takes are the numbers from the first one to
-// kLastVarlenConfig, and K2's own ones follow them to the last GemmTileConfig; the rules'
-// messages name that range, so a new configuration extends them by itself.
+// kLastVarlenConfig, and grouped_gemm's own ones (K2's and K6's) follow them to the last
+// GemmTileConfig; the rules' messages name these ranges, so a new configuration extends them by
+// itself.
 constexpr int kFirstVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenPingpong128x128x64);
 constexpr int kLastVarlenConfig = static_cast<int>(GemmTileConfig::kVarlenPingpong128x128x64C2x1);
 constexpr bool varlen_configs_are_the_last() {
@@ -41,7 +42,7 @@ constexpr bool varlen_configs_are_the_last() {
   return true;
 }
 static_assert(varlen_configs_are_the_last(),
-              "the varlen configurations must be the last GemmTileConfigs, K2's own ones after the rest");
+              "the varlen configurations must be the last GemmTileConfigs, grouped_gemm's own ones after the rest");
 
 // "7 to 11" (the range of varlen configurations every varlen op takes, for the rules' messages).
 inline std::string varlen_config_range() {

@@ -59,7 +59,8 @@ bool parse_entry(const std::string& line, Key* key, GemmTileConfig* config);
 // the rule's candidate is within kAutotuneMargin of it. -1 when none ran.
 int choose_fastest(const std::vector<GemmTileConfig>& candidates, const std::vector<float>& ms, GemmTileConfig rule);
 
-// The varlen kernel's configurations (K1, K4, K6 and token rounding's K2 take these only).
+// The varlen kernel's configurations every varlen op takes (K1 and K4 take these only, token
+// rounding's K2 too; K6 adds grouped_gemm's own ping-pong 128 x 192, K2 that and the ptr-array ones).
 inline const std::vector<GemmTileConfig>& varlen_candidates() {
   static const std::vector<GemmTileConfig> c{
       GemmTileConfig::kVarlenPingpong128x128x64, GemmTileConfig::kVarlenCooperative128x256x64,

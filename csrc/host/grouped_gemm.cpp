@@ -85,6 +85,10 @@ Status launch_kn(const GroupedGemmParams& params, GemmTileConfig config) {
       plain = sm90::run_varlen_grouped_gemm_kn_pingpong_128x128_c2x1;
       addend = sm90::run_varlen_grouped_gemm_kn_addend_pingpong_128x128_c2x1;
       break;
+    case GemmTileConfig::kVarlenPingpong128x192x64:
+      plain = sm90::run_varlen_grouped_gemm_kn_pingpong_128x192;
+      addend = sm90::run_varlen_grouped_gemm_kn_addend_pingpong_128x192;
+      break;
     default:
       return Status::error("grouped_gemm: no KN kernel for tile config " + std::to_string(static_cast<int>(config)));
   }
@@ -107,15 +111,26 @@ Status launch_nk(const GroupedGemmParams& params, GemmTileConfig config) {
   }
 }
 
+// The varlen configurations every varlen op takes and grouped_gemm's own varlen one: K6's
+// candidates.
+const std::vector<GemmTileConfig>& varlen_grouped_gemm_candidates() {
+  static const std::vector<GemmTileConfig> c = [] {
+    std::vector<GemmTileConfig> v = autotune::varlen_candidates();
+    v.push_back(GemmTileConfig::kVarlenPingpong128x192x64);
+    return v;
+  }();
+  return c;
+}
+
 template <GemmTileConfig... Configs>
 std::vector<GemmTileConfig> with_ptr_array(GemmTileConfigList<Configs...>) {
-  std::vector<GemmTileConfig> c = autotune::varlen_candidates();
-  c.push_back(GemmTileConfig::kVarlenPingpong128x192x64);
+  std::vector<GemmTileConfig> c = varlen_grouped_gemm_candidates();
   (c.push_back(Configs), ...);
   return c;
 }
 
-// K2's candidates: the varlen configurations, K2's own varlen one and CUTLASS's ptr-array ones.
+// K2's candidates: the varlen configurations, grouped_gemm's own varlen one and CUTLASS's
+// ptr-array ones.
 const std::vector<GemmTileConfig>& all_candidates() {
   static const std::vector<GemmTileConfig> c = with_ptr_array(PtrArrayGemmTileConfigs{});
   return c;
@@ -129,7 +144,7 @@ Status run_grouped_gemm_sm90(const GroupedGemmParams& params) {
                             int(params.partial_rows) | int(params.addend_rows != nullptr) << 1};
     const GemmTileConfig rule =
         sm90::choose_grouped_gemm_kn_config(params.m_total, params.n_out, params.k, params.num_experts);
-    return autotune::run(key, rule, autotune::varlen_candidates(), params.stream,
+    return autotune::run(key, rule, varlen_grouped_gemm_candidates(), params.stream,
                          [&](GemmTileConfig config) { return launch_kn(params, config); });
   }
   if (params.config != GemmTileConfig::kAuto) return launch_nk(params, params.config);
@@ -212,15 +227,16 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
     return value_rule("config", config, "must name a GemmTileConfig");
   const int layout = static_cast<int>(p.b_layout);
   if (layout < 0 || layout > 1) return value_rule("b_layout", layout, "must name a WeightLayout (0 NK, 1 KN)");
-  if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config))
+  // grouped_gemm's varlen configurations: every varlen op's and its own (kFirstVarlenConfig to the last).
+  const bool varlen = is_varlen_config(p.config) || is_grouped_gemm_only_config(p.config);
+  const std::string varlen_range = std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kNumGemmTileConfigs - 1);
+  if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto && !varlen)
     return value_rule("config", config,
                       ("b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or " +
-                       varlen_config_range()).c_str());
-  if (p.partial_rows && p.config != GemmTileConfig::kAuto && !is_varlen_config(p.config) &&
-      !is_grouped_gemm_only_config(p.config))
+                       varlen_range).c_str());
+  if (p.partial_rows && p.config != GemmTileConfig::kAuto && !varlen)
     return value_rule("config", config,
-                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + std::to_string(kFirstVarlenConfig) +
-                       " to " + std::to_string(kNumGemmTileConfigs - 1)).c_str());
+                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + varlen_range).c_str());
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,

@@ -60,12 +60,22 @@ TEST(GroupedGemmHost, rejects_bad_shapes_naming_argument_value_rule) {
       {[](GroupedGemmParams& p) { p.partial_rows = true; p.config = GemmTileConfig::kPingpong128x128x64; },
        "config = 1 breaks the rule: partial_rows runs on the varlen kernels only: use 0 (auto) or 7 to 12"},
       {[](GroupedGemmParams& p) { p.b_layout = sonicmoe::WeightLayout::kKN; p.config = GemmTileConfig::kPingpong128x128x64; },
-       "b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 11"},
-      // K2's own tile: K6 (b_layout KN) has no kernel for it.
-      {[](GroupedGemmParams& p) { p.b_layout = sonicmoe::WeightLayout::kKN; p.config = GemmTileConfig::kVarlenPingpong128x192x64; },
-       "config = 12 breaks the rule: b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 11"},
+       "config = 1 breaks the rule: b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or 7 to 12"},
   };
   sonicmoe::test::expect_rejections(valid_shape(), cases, &sonicmoe::check_grouped_gemm);
+}
+
+// grouped_gemm's own ping-pong 128 x 192 tile runs K2 and K6 (b_layout KN, with or without the
+// addend), on whole or partial rows.
+TEST(GroupedGemmHost, accepts_its_own_varlen_tile_in_both_layouts) {
+  for (const auto layout : {sonicmoe::WeightLayout::kNK, sonicmoe::WeightLayout::kKN})
+    for (const bool partial_rows : {false, true}) {
+      GroupedGemmParams p = valid_shape();
+      p.b_layout = layout;
+      p.partial_rows = partial_rows;
+      p.config = GemmTileConfig::kVarlenPingpong128x192x64;
+      EXPECT_EQ(sonicmoe::check_grouped_gemm(p), "") << "b_layout " << int(layout) << " partial_rows " << partial_rows;
+    }
 }
 
 TEST(GroupedGemmHost, run_rejects_null_and_misaligned_pointers_before_any_launch) {
