@@ -618,6 +618,7 @@ def bench_backward_kernels(name, cfg, parts=None):
            for tile, short in VARLEN_TILES.items()},
         **{f"K6_{short}": ((lambda t: lambda: grouped_gemm_kn(d_h, w1, off, tile_config=t))(tile), 2 * gemm)
            for tile, short in VARLEN_TILES.items()},
+        "K6_pp_n192": (lambda: grouped_gemm_kn(d_h, w1, off, tile_config=VARLEN_PP_N192), 2 * gemm),
         "K5_weight_grad_dw2": (lambda: weight_grad(d_out, a_scaled, off, g, True, tile_config=VARLEN_PP), gemm),
         "K7_weight_grad_dw1": (lambda: weight_grad(d_h, x, off, g, False, tile_config=VARLEN_PP), 2 * gemm),
         "K5_co_n256": (lambda: weight_grad(d_out, a_scaled, off, g, True), gemm),   # auto
@@ -753,7 +754,7 @@ def bench_forward_kernels(name, cfg, parts=None):
     for tile, short in VARLEN_TILES.items():
         fns[f"K1_{short}"] = (k1(tile), 2 * gemm)
         fns[f"K2_{short}"] = (k2(tile), gemm)
-    fns["K2_pp_n192"] = (k2("varlen_pingpong_128x192x64"), gemm)  # K2's own tile
+    fns["K2_pp_n192"] = (k2(VARLEN_PP_N192), gemm)  # grouped_gemm's own tile
     return time_kernels(name, fns, parts)
 
 
@@ -763,6 +764,8 @@ VARLEN_CO_C2X1 = "varlen_cooperative_128x256x64_c2x1"
 VARLEN_TILES = {VARLEN_PP: "pp", "varlen_cooperative_128x256x64": "co_n256",
                 "varlen_cooperative_256x128x64": "co_m256", VARLEN_CO_C2X1: "co_n256_c2x1",
                 "varlen_pingpong_128x128x64_c2x1": "pp_c2x1"}
+# grouped_gemm's own tile (K2 and K6 only): the _pp_n192 columns.
+VARLEN_PP_N192 = "varlen_pingpong_128x192x64"
 
 
 TOKEN_ROUNDING_SWEEPS = {
@@ -880,15 +883,16 @@ KERNEL_TABLES = {
     "forward_kernels": (bench_forward_kernels,
                         tuple(f"K{i}_{short}" for i in (1, 2) for short in VARLEN_TILES.values())
                         + ("K2_pp_n192", "K2_auto", "K1_no_h"),
-                        "pp = ping-pong 128x128 (pp_n192: 128x192, K2 only), co_n256 / co_m256 = cooperative 128x256 / "
+                        "pp = ping-pong 128x128 (pp_n192: 128x192, K2 and K6 only), co_n256 / co_m256 = cooperative 128x256 / "
                         "256x128 (_c2x1: in 2 x 1 clusters); "
                         "K2_auto = CUTLASS ptr-array; K1_no_h = K1 (auto) storing only A"),
     "backward_kernels": (bench_backward_kernels,
                          ("K4_down_proj_grad", "K4_pp", "K4_co_n256", "K4_co_m256", "K4_co_n256_c2x1", "K4_pp_c2x1",
                           "K6_grouped_gemm_kn", "K6_pp", "K6_co_n256", "K6_co_m256", "K6_co_n256_c2x1", "K6_pp_c2x1",
+                          "K6_pp_n192",
                           "K5_weight_grad_dw2", "K5_co_n256", "K7_weight_grad_dw1", "K7_co_m256",
                           "K5_co_c2x1", "K7_co_c2x1", "gather_gmm_dw2", "gather_gmm_dw1"),
-                         "K4, K6 = auto; _pp = ping-pong 128x128, _co_n256 / _co_m256 = cooperative "
+                         "K4, K6 = auto; _pp = ping-pong 128x128 (_pp_n192: 128x192), _co_n256 / _co_m256 = cooperative "
                          "128x256 / 256x128 (_c2x1: in 2 x 1 clusters); "
                          "K5/K7 = weight_grad ping-pong, _co = cooperative (auto), _co_c2x1 = cooperative in 2 x 1 clusters, gather_gmm = gathered copy + torch._grouped_mm"),
 }

@@ -5,7 +5,8 @@ at n 256 (where eager dW1 runs on K7), softmax_topk_norm with the router's part 
 K6; GeGLU and ReGLU once each; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
 it only at d >= 3072, and for K5 / K7 at 2048 rows per expert), on ragged routing with an odd tile
 count (a pair's empty half) and on upper-bound buffers; K1, K2, K4 and K6 likewise on the ping-pong
-tile in 2 x 1 clusters. scripts/gpu_check.sh runs it under both
+tile in 2 x 1 clusters; K2 and K6 (also with its addend) on grouped_gemm's own ping-pong 128x192
+tile beside ping-pong 128x128. scripts/gpu_check.sh runs it under both
 tools; on its own:
 
     PYTHONPATH=python compute-sanitizer --tool racecheck python3 scripts/sanitize_small.py
@@ -116,3 +117,15 @@ for partial in (False, True):
     g, _, outs = varlen_ops(PP_C2X1, partial)
     print_norms("pingpong c2x1", partial, "h, a, y, d_h, a', dS, dx~, dx~ + addend",
                 outs + k6_with_addend(g, outs[3], partial, (PP_C2X1,)))
+
+# grouped_gemm's own ping-pong 128 x 192 tile (K2 and K6 only): K2, K6 and K6 with the addend beside
+# ping-pong 128 x 128 on the same operands (their norms should agree), the same ragged routing, exact
+# and upper-bound rows; n_out = d = 256 leaves a 64-column last n tile.
+PP, PP_N192 = "varlen_pingpong_128x128x64", "varlen_pingpong_128x192x64"
+for partial in (False, True):
+    g, _, outs = varlen_ops(PP, partial)
+    a, d_h = outs[1], outs[3]
+    ys = [sonicmoe.grouped_gemm(a, w2, off, tile_config=tile, partial_rows=partial) for tile in (PP, PP_N192)]
+    dxs = [grouped_gemm_kn(d_h, w1, off, partial_rows=partial, tile_config=tile) for tile in (PP, PP_N192)]
+    print_norms("pingpong 128x192", partial, "y, dx~, dx~ + addend (each pp 128x128, then pp 128x192)",
+                ys + dxs + k6_with_addend(g, d_h, partial, (PP, PP_N192)))

@@ -26,11 +26,11 @@ GEMM_TILE_CONFIGS = {
     "varlen_cooperative_256x128x64": 9,
     "varlen_cooperative_128x256x64_c2x1": 10,
     "varlen_pingpong_128x128x64_c2x1": 11,
-    "varlen_pingpong_128x192x64": 12,  # grouped_gemm (K2) only
+    "varlen_pingpong_128x192x64": 12,  # grouped_gemm and grouped_gemm_kn (K2, K6) only
 }
 # The varlen kernel's configurations every varlen op takes (up_proj, down_proj_grad, grouped_gemm_kn,
-# weight_grad within its own rules); grouped_gemm also takes the rest.
-# (csrc/sonicmoe.h, is_varlen_config).
+# weight_grad within its own rules); grouped_gemm_kn also takes "varlen_pingpong_128x192x64", grouped_gemm
+# that and the rest (csrc/sonicmoe.h, is_varlen_config, is_grouped_gemm_only_config).
 VARLEN_TILE_CONFIGS = ("varlen_pingpong_128x128x64", "varlen_cooperative_128x256x64", "varlen_cooperative_256x128x64",
                        "varlen_cooperative_128x256x64_c2x1", "varlen_pingpong_128x128x64_c2x1")
 
@@ -111,7 +111,7 @@ def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tens
                     addend_scale: torch.Tensor | None = None, addend_rows: torch.Tensor | None = None) -> torch.Tensor:
     """K6 layout: out[r] = a[r] @ b[e] for rows r of expert e, b (E, k, n_out) bf16 read as stored
     (dX~ = dH @ w1 with w1 (E, 2n, d)); our varlen kernel. partial_rows as in grouped_gemm;
-    tile_config "auto" or a varlen configuration, as in up_proj.
+    tile_config "auto", a varlen configuration (VARLEN_TILE_CONFIGS) or "varlen_pingpong_128x192x64".
     With addend_scale (M,) fp32 and addend_rows (E, n_out) bf16 (both or neither), out[r] +=
     addend_scale[r] * addend_rows[e] in fp32 before the one rounding: the router's part of dx where
     d_logits is zero off the chosen experts (router_backward_rows' d_logit_rows, router_weight).

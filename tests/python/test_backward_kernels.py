@@ -21,13 +21,18 @@ K4_CONFIGS = pytest.mark.parametrize(
     "tile_config", list(sonicmoe.VARLEN_TILE_CONFIGS))
 
 
+# K6's configurations: every varlen op's and grouped_gemm's own ping-pong 128 x 192.
+K6_TILE_CONFIGS = list(sonicmoe.VARLEN_TILE_CONFIGS) + ["varlen_pingpong_128x192x64"]
+
+
 # "auto" takes the cooperative 128 x 256 tile for a wide output over experts with >= 1024 rows
 # (sm90/heuristics.h): (256, 4096, 2) reaches it. With the addend (the router's part of dx folded
 # into K6: RowAddendStoreEpilogue), + addend_scale[r] * addend_rows[e] in fp32 before the rounding;
 # (8, 8, 1) leaves a partial n tile on every configuration, (72, 136, 8) one 16-byte chunk past a
-# whole 128-column tile.
+# whole 128-column tile (on the 192-column tile, 136 of its first 192 columns); (512, 1536, 128)
+# runs whole 192-column tiles, n_out 4096 a 64-column last one.
 @pytest.mark.parametrize("addend", [False, True])
-@pytest.mark.parametrize("tile_config", ["auto"] + list(sonicmoe.VARLEN_TILE_CONFIGS))
+@pytest.mark.parametrize("tile_config", ["auto"] + K6_TILE_CONFIGS)
 @pytest.mark.parametrize("k,n_out,E", [(512, 1536, 128), (2048, 4096, 16), (72, 136, 8), (8, 8, 1), (256, 4096, 2),
                                        (1024, 4096, 128)])
 def test_grouped_gemm_kn(k, n_out, E, tile_config, addend):
