@@ -1,4 +1,4 @@
-// K2 on the varlen kernel with ping-pong 128 x 192 tiles (K2 only: GemmTileConfig's comment);
+// K2 on the varlen kernel with ping-pong 128 x 192 tiles (K2 and K6 only: GemmTileConfig's comment);
 // otherwise as varlen_grouped_gemm_bf16_pingpong_128x128x64_sm90.cu.
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/varlen_gemm_launch_sm90.cuh"

@@ -56,7 +56,7 @@ def test_up_proj_runs_on_the_varlen_configurations_only():
     with pytest.raises(ValueError, match=re.escape(
             "up_proj: config = 3 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 11)")):
         torch.ops.sonicmoe.up_proj(*valid(), True, False, 3)
-    with pytest.raises(ValueError, match=re.escape(  # K2's own tile
+    with pytest.raises(ValueError, match=re.escape(  # grouped_gemm's own tile (K2, K6)
             "up_proj: config = 12 breaks the rule: must be 0 (auto) or a varlen configuration (7 to 11)")):
         torch.ops.sonicmoe.up_proj(*valid(), True, False, 12)
     with pytest.raises(ValueError, match=re.escape(
