@@ -316,13 +316,7 @@ TEST(WeightGradSm100Host, shape_fits_tmem_and_shared_memory) {
 }
 
 TEST(WeightGradSm100Host, takes_auto_only_and_names_the_rule) {
-  sonicmoe::WeightGradParams p;
-  p.num_tokens = 4096;
-  p.m_total = 4096 * 8;
-  p.m_out = 1536;
-  p.n_out = 256;
-  p.num_experts = 128;
-  p.sm_count = 148;
+  sonicmoe::WeightGradParams p = sonicmoe::test::weight_grad_shape();
   for (bool gather_a : {true, false})
     for (bool partial : {false, true}) {
       p.gather_a = gather_a;
