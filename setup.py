@@ -10,7 +10,8 @@ python/sonicmoe/version.py holds the base.
 
 Environment:
   SONICMOE_CUDA_ARCHS  arch list for the kernels: "90a" (default), "100a" or "90a;100a" (also
-                       comma-separated); sm_100a holds grouped_gemm (b_layout NK, KN) only so far.
+                       comma-separated); sm_100a holds grouped_gemm (b_layout NK, KN), up_proj,
+                       down_proj_grad and weight_grad only so far.
                        Passed to CMake, which refuses any other arch; the wheel's label names it
   MAX_JOBS             parallel compile jobs (default: all cores)
   CUDA_HOME            defaults to /usr/local/cuda (torch would otherwise guess /usr/local)

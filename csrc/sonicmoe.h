@@ -41,7 +41,7 @@ constexpr int arch_family(int major, int minor) {
 int device_arch(int device);
 
 // Which kernels op runs on a GPU of compute capability major.minor, given the archs built and
-// whether the op has an sm_100a path (grouped_gemm, b_layout NK and KN, up_proj and down_proj_grad so far): the
+// whether the op has an sm_100a path (grouped_gemm, b_layout NK and KN, up_proj, down_proj_grad and weight_grad so far): the
 // family, or kNone with a message that names the GPU, the build and what to do. Pure: no device
 // access.
 struct KernelArchChoice {

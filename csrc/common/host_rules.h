@@ -75,18 +75,4 @@ std::string check_expert_mlp_dims(const char* op, const Params& p) {
   return {};
 }
 
-// The current device (the launch's) must run op's sm90 kernels, for an op with no sm100 kernels
-// yet: "" or device_kernel_arch's message naming the GPU and the rule. Checked after the shape
-// and pointer rules, right before a launch.
-inline std::string check_sm90_only_device(const char* op) {
-  int device = 0;
-  const cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string(op) + ": no current CUDA device: " + cudaGetErrorString(err);
-  }
-  const KernelArchChoice choice = device_kernel_arch(op, device, /*op_has_sm100=*/false);
-  return choice.arch == KernelArch::kSm90 ? std::string() : choice.error;
-}
-
 }  // namespace sonicmoe

@@ -76,6 +76,10 @@ class VarlenTileScheduler {
   static __device__ VarlenTileScheduler make(const KernelParams& p, int n_blocks) {
     return VarlenTileScheduler(p.expert_offsets, p.num_experts, n_blocks);
   }
+  // The same, built in place (sm100's kernel: a returned copy changed the sm100 K1's SASS).
+  template <class KernelParams>
+  __device__ VarlenTileScheduler(const KernelParams& p, int n_blocks)
+      : VarlenTileScheduler(p.expert_offsets, p.num_experts, n_blocks) {}
 
   // The next tile of this CTA, or false when it has none left.
   __device__ bool next(VarlenTile& tile) {
@@ -162,6 +166,9 @@ class VarlenKTileScheduler {
   static __device__ VarlenKTileScheduler make(const KernelParams& p, int n_blocks) {
     return VarlenKTileScheduler(p.expert_offsets, p.num_experts, p.m_out, n_blocks);
   }
+  template <class KernelParams>
+  __device__ VarlenKTileScheduler(const KernelParams& p, int n_blocks)
+      : VarlenKTileScheduler(p.expert_offsets, p.num_experts, p.m_out, n_blocks) {}
 
   __device__ bool next(VarlenTile& tile) {
     if (next_unit_ >= total_) return false;

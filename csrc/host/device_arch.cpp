@@ -74,8 +74,8 @@ KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltA
       // An op without sm100 kernels is refused whatever was built: rebuilding would not help.
       if (!op_has_sm100)
         return {KernelArch::kNone, prefix + "no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and "
-                                            "KN, up_proj and down_proj_grad only in this build); on sm_90 GPUs (H100, H200) every "
-                                            "op runs"};
+                                            "KN, up_proj, down_proj_grad and weight_grad only in this build); on sm_90 GPUs "
+                                            "(H100, H200) every op runs"};
       if (built.sm100) return {KernelArch::kSm100, {}};
       return {KernelArch::kNone, prefix + gpu_text(major, minor) + " but this build holds " + built_text(built) +
                                      ": rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\""};
@@ -88,7 +88,8 @@ KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltA
                 sm_name(major, minor) + "a kernels are built"};
   }
   return {KernelArch::kNone, prefix + gpu_text(major, minor) +
-                                 ": the kernels run on Hopper sm_90 (H100, H200) and, for grouped_gemm, up_proj and down_proj_grad only, "
+                                 ": the kernels run on Hopper sm_90 (H100, H200) and, for grouped_gemm, up_proj, down_proj_grad "
+                                 "and weight_grad only, "
                                  "Blackwell sm_100 (B200, GB200); this build holds " + built_text(built)};
 }
 

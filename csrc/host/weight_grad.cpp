@@ -1,17 +1,21 @@
-// Host side of the expert weight gradients (K5, K7): rules, then launch.
+// Host side of the expert weight gradients (K5, K7): rules, then the launch on the device's kernel
+// family (sm90, or sm100 on a B200 where built).
 #include <climits>
 #include <cstdint>
 #include <string>
 
+#include "common/cuda_check.h"
 #include "common/host_rules.h"
 #include "common/tile_size.h"
 #include "sm90/grouped_gemm_sm90.h"
 #include "sm90/heuristics.h"
+#include "sm100/grouped_gemm_sm100.h"
+#include "sm100/heuristics.h"
 #include "host/autotune.h"
 #include "sonicmoe.h"
 
-#if !defined(SONICMOE_HAS_SM90)
-#error "SONICMOE_HAS_SM90 must be defined (CMakeLists.txt)"
+#if !defined(SONICMOE_HAS_SM90) || !defined(SONICMOE_HAS_SM100)
+#error "SONICMOE_HAS_SM90 and SONICMOE_HAS_SM100 must be defined (CMakeLists.txt)"
 #endif
 
 namespace sonicmoe {
@@ -69,11 +73,33 @@ Status launch_weight_grad(const WeightGradParams& p, GemmTileConfig config) {
   return sm90::run_weight_grad(p);
 #else
   (void)p, (void)config;
-  return Status::error("weight_grad: this build holds no sm_90a kernels");  // check_sm90_only_device refuses first
+  return Status::error("weight_grad: this build holds no sm_90a kernels");  // device_kernel_arch refuses first
+#endif
+}
+
+Status run_weight_grad_sm100(const WeightGradParams& p) {
+  const std::string problem = sm100::check_weight_grad(p);
+  if (!problem.empty()) return Status::error(problem);
+#if SONICMOE_HAS_SM100
+  using sm100::WeightGradConfig;
+  switch (sm100::choose_weight_grad_config(p.partial_rows, p.rows_past_end_zeroed, p.m_total)) {
+    case WeightGradConfig::k1Sm128x256x64: return sm100::run_weight_grad<WeightGradConfig::k1Sm128x256x64>(p);
+    case WeightGradConfig::k1Sm128x256x64CpAsyncDense:
+      return sm100::run_weight_grad<WeightGradConfig::k1Sm128x256x64CpAsyncDense>(p);
+  }
+  return Status::error("weight_grad: no sm100 kernel for this configuration");
+#else
+  return Status::error("weight_grad: this build holds no sm_100a kernels");  // device_kernel_arch refuses first
 #endif
 }
 
 }  // namespace
+
+// The rules sm100 adds to check_weight_grad's: its kernels are chosen by rule (sm100/heuristics.h),
+// and no GemmTileConfig names them.
+std::string sm100::check_weight_grad(const WeightGradParams& p) {
+  return sm100_auto_config_only("weight_grad", p.config, sm100::kWeightGradRule);
+}
 
 Status run_weight_grad(const WeightGradParams& p) {
   const std::string problem = check_weight_grad(p);
@@ -85,8 +111,12 @@ Status run_weight_grad(const WeightGradParams& p) {
     return Status::error("weight_grad: a, b, expert_offsets, gather_idx and out must be non-null");
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out))
     return Status::error("weight_grad: a, b and out must be 16-byte aligned");
-  const std::string device_problem = check_sm90_only_device("weight_grad");
-  if (!device_problem.empty()) return Status::error(device_problem);
+  // The device's kernel family (the caller has made the launch device current).
+  int device = 0;
+  SONICMOE_CUDA_TRY(cudaGetDevice(&device));
+  const KernelArchChoice arch = device_kernel_arch("weight_grad", device, /*op_has_sm100=*/true);
+  if (arch.arch == KernelArch::kSm100) return run_weight_grad_sm100(p);
+  if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
   // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA
   // cannot describe an empty tensor).
   const bool partial = p.partial_rows && !p.rows_past_end_zeroed;

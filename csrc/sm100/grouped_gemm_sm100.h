@@ -1,4 +1,4 @@
-// Declarations of the sm100 (Blackwell, sm_100a) grouped GEMM instantiations (K2, K6, K1 and K4), one
+// Declarations of the sm100 (Blackwell, sm_100a) grouped GEMM instantiations (K2, K6, K1, K4, K5 and K7), one
 // per csrc/instantiations/*_sm100.cu. Light header: no CUTLASS, so the host dispatcher compiles with
 // the host compiler.
 #pragma once
@@ -95,5 +95,31 @@ std::string check_down_proj_grad(const DownProjGradParams& params);
 // persistent kernel for p.activation.
 template <DownProjGradConfig Config>
 Status run_down_proj_grad(const DownProjGradParams& params);
+
+// The sm100 K5 / K7 configurations: the project's varlen-K kernel on the varlen gathered kernel's
+// warp roles, picked by rule (sm100/heuristics.h); tile_config must be auto. Either gathers the
+// 128-wide side (K7 runs as its transposed problem) and reads the 256-wide dense side:
+enum class WeightGradConfig : int {
+  // by TMA, in 64-column x 64-row boxes;
+  k1Sm128x256x64 = 0,
+  // by the cp.async producers, which stop at the expert's end (TMA boxes may read past offsets[E]
+  // and cannot describe an empty tensor).
+  k1Sm128x256x64CpAsyncDense = 1,
+};
+
+constexpr VarlenGatherShapeSm100 weight_grad_shape(WeightGradConfig /*config*/) { return {128, 256, 64, 4}; }
+
+constexpr const char* weight_grad_config_name(WeightGradConfig config) {
+  return config == WeightGradConfig::k1Sm128x256x64CpAsyncDense ? "sm100_1sm_128x256x64_cp_async_dense"
+                                                                : "sm100_1sm_128x256x64";
+}
+
+// The rules sm100 adds to sonicmoe::check_weight_grad's on an sm_100 GPU (config auto only); ""
+// when they hold. Defined in host/weight_grad.cpp.
+std::string check_weight_grad(const WeightGradParams& params);
+
+// K5 (gather_a) or K7: launches the persistent kernel.
+template <WeightGradConfig Config>
+Status run_weight_grad(const WeightGradParams& params);
 
 }  // namespace sonicmoe::sm100

@@ -1,6 +1,6 @@
 // kAuto's choice of the sm100 configurations: the grouped GEMM (K2 and K6: either b_layout, the
-// same tiles), the up-projection (K1) and its backward (K4). Host-only, no CUTLASS: the dispatchers
-// and the CPU tests read it.
+// same tiles), the up-projection (K1), its backward (K4) and the expert weight gradients (K5, K7).
+// Host-only, no CUTLASS: the dispatchers and the CPU tests read it.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,21 @@ constexpr const char* kDownProjGradRule =
 // tcgen05 N), two fp32 accumulators filling TMEM's 512 columns.
 constexpr DownProjGradConfig choose_down_proj_grad_config(int64_t /*n*/, int64_t /*d*/) {
   return DownProjGradConfig::k1Sm128x256x64;
+}
+
+// K5 / K7's rule in words, for the error that refuses an explicit tile_config on sm100.
+constexpr const char* kWeightGradRule =
+    "auto picks 1-SM 128x256x64 with the dense operand by TMA, or by cp.async where partial_rows is set "
+    "without rows_past_end_zeroed or m_total is 0";
+
+// One tile, the gathered side 128 wide and the dense side 256 (the widest 1-SM tcgen05 N) so a
+// gathered row chunk serves the most FLOPs. TMA loads whole 64-row boxes, past the expert's end
+// too: rows past offsets[E] that may be unwritten (partial_rows without rows_past_end_zeroed) would
+// meet zeros as NaN, and no descriptor describes an empty tensor (m_total 0), so there the
+// producers copy the dense side as well.
+constexpr WeightGradConfig choose_weight_grad_config(bool partial_rows, bool rows_past_end_zeroed, int64_t m_total) {
+  return m_total == 0 || (partial_rows && !rows_past_end_zeroed) ? WeightGradConfig::k1Sm128x256x64CpAsyncDense
+                                                                 : WeightGradConfig::k1Sm128x256x64;
 }
 
 }  // namespace sonicmoe::sm100

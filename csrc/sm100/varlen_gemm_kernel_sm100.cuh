@@ -1,13 +1,15 @@
-// The sm100 varlen-M gathered GEMM kernel (K1): a persistent, warp-specialized composition of the
-// varlen tile scheduler (common/varlen_tile_scheduler.cuh: the same tile order as sm90, read from
-// expert_offsets on the device), the gathering mainloop (collective/varlen_gather_mainloop_sm100.cuh)
-// and an epilogue reading tensor memory (epilogue/glu_epilogue_sm100.cuh).
+// The sm100 varlen gathered GEMM kernel (K1, K4, K5, K7): a persistent, warp-specialized composition
+// of a varlen tile scheduler (common/varlen_tile_scheduler.cuh, read from expert_offsets on the
+// device: VarlenTileScheduler, varlen M, for K1 / K4; VarlenKTileScheduler, varlen K, for K5 / K7),
+// a mainloop with a gathered A (collective/varlen_gather_mainloop_sm100.cuh, varlen M;
+// collective/varlen_k_mainloop_sm100.cuh, varlen K) and an epilogue reading tensor memory
+// (epilogue/*_sm100.cuh).
 //
 // 320 threads, 10 warps, each role walking the CTA's tile sequence on its own:
-//   warps 0-3  epilogue: TMEM -> registers -> gated activation -> global (warp w reads TMEM lanes
-//              32 w .. 32 w + 31, the hardware's rule for warp w % 4)
-//   warps 4-7  A producers: the cp.async gather of x rows
-//   warp 8     B producer: one thread issues w1's TMA boxes
+//   warps 0-3  epilogue: TMEM -> registers -> global (warp w reads TMEM lanes 32 w .. 32 w + 31,
+//              the hardware's rule for warp w % 4)
+//   warps 4-7  A producers: the cp.async gather (Mainloop::load_a)
+//   warp 8     B producer: one thread issues B's TMA boxes (Mainloop::load_b)
 //   warp 9     MMA: allocates TMEM, one thread issues tcgen05.mma, frees TMEM at the end
 // Two accumulators in TMEM (2 x kTileN columns: all 512 at kTileN = 256): the MMAs of tile j + 1
 // run while the epilogue drains tile j. acc_full[i] completes with the MMA warp's commit of a
@@ -15,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/arch/tmem_allocator_sm100.hpp"
 #include "cute/tensor.hpp"
@@ -32,11 +35,13 @@ __device__ __forceinline__ void tcgen05_after_thread_sync() {
   asm volatile("tcgen05.fence::after_thread_sync;\n" ::: "memory");
 }
 
-template <class Mainloop_, class Epilogue_>
+template <class Mainloop_, class Epilogue_, class Scheduler_ = VarlenTileScheduler<Mainloop_::kTileM>>
 struct VarlenGatherGemmKernel {
   using Mainloop = Mainloop_;
   using Epilogue = Epilogue_;
-  using Scheduler = VarlenTileScheduler<Mainloop::kTileM>;
+  using Scheduler = Scheduler_;
+  // Varlen K: a fixed output per expert (Params::m_out rows), the reduction over its rows.
+  static constexpr bool kVarlenK = std::is_same_v<Scheduler, VarlenKTileScheduler<Mainloop::kTileM>>;
   static constexpr int kTileM = Mainloop::kTileM;
   static constexpr int kTileN = Mainloop::kTileN;
   static constexpr int kAccumulators = 2;
@@ -59,7 +64,7 @@ struct VarlenGatherGemmKernel {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm100 CTA may use");
 
-  using Params = VarlenKernelParams<typename Mainloop::Params, typename Epilogue::Params>;  // m_out unused
+  using Params = VarlenKernelParams<typename Mainloop::Params, typename Epilogue::Params>;  // m_out: varlen K
 
   static __device__ void run(const Params& p, char* smem_raw) {
     // The 128-byte swizzle repeats every 1024 bytes: stages must start there.
@@ -76,7 +81,7 @@ struct VarlenGatherGemmKernel {
         cutlass::arch::ClusterBarrier::init(&s.acc_empty[i], Epilogue::kThreads / 32);  // one per warp
       }
       cutlass::arch::fence_barrier_init();
-      cute::prefetch_tma_descriptor(&p.mainloop.tma_b);
+      Mainloop::prefetch_descriptors(p.mainloop);
     }
     cute::TMEM::Allocator1Sm tmem;
     if (warp == kMmaWarp) {
@@ -89,7 +94,7 @@ struct VarlenGatherGemmKernel {
     const uint32_t tmem_base = s.tmem_base;
 
     const int n_blocks = Epilogue::n_blocks(p.epilogue);
-    Scheduler scheduler(p.expert_offsets, p.num_experts, n_blocks);
+    Scheduler scheduler(p, n_blocks);
     VarlenTile tile;
     int iteration = 0;  // k steps of this CTA so far: the position in the stage ring
 
@@ -106,7 +111,7 @@ struct VarlenGatherGemmKernel {
         const int acc = j % kAccumulators;
         cutlass::arch::ClusterBarrier::wait(&s.acc_empty[acc], ((j / kAccumulators) & 1) ^ 1);
         tcgen05_after_thread_sync();
-        Mainloop::mma(p.mainloop, s.mainloop, tmem_base + acc * kTileN, iteration);
+        Mainloop::mma(p.mainloop, s.mainloop, tile, tmem_base + acc * kTileN, iteration);
         cutlass::arch::umma_arrive(&s.acc_full[acc]);  // the tile's MMAs are done: to the epilogue
       }
       cutlass::arch::NamedBarrier::sync(kTmemFreeThreads, kTmemFreeBarrier);

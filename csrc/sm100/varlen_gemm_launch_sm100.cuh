@@ -1,5 +1,6 @@
 // Host side of the sm100 varlen gathered GEMMs (K1, K4): the TMA descriptor of the weights, the
-// kernels' parameters and the persistent launch (one CTA per SM, or per tile where there are fewer).
+// kernels' parameters and the persistent launch (one CTA per SM, or per tile where there are fewer),
+// which K5 / K7 (weight_grad_launch_sm100.cuh) share.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,7 +39,8 @@ using DownProjGradMainloop =
                          down_proj_grad_shape(kConfig).k, down_proj_grad_shape(kConfig).stages, /*k_major_b=*/false>;
 
 // Fills the routing fields of params from the varlen problem and launches the persistent grid on
-// problem.stream: one CTA per SM of problem.sm_count, or per tile where there are fewer.
+// problem.stream: one CTA per SM of problem.sm_count, or per tile where there are fewer (varlen K:
+// params.m_out set by the caller).
 template <class Kernel>
 Status launch_varlen_gather(typename Kernel::Params& params, const VarlenProblem& problem) {
   params.expert_offsets = problem.expert_offsets;
@@ -53,8 +55,11 @@ Status launch_varlen_gather(typename Kernel::Params& params, const VarlenProblem
     *done = 1;
     return Status::success();
   }));
-  const int64_t max_tiles = varlen_max_tiles(problem.m_total, problem.num_experts, Kernel::kTileM,
-                                             Kernel::Epilogue::n_blocks(params.epilogue));
+  const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
+  const int64_t m_blocks_k = (params.m_out + Kernel::kTileM - 1) / Kernel::kTileM;  // varlen K: per expert
+  const int64_t max_tiles = Kernel::kVarlenK
+                                ? int64_t(problem.num_experts) * m_blocks_k * n_blocks
+                                : varlen_max_tiles(problem.m_total, problem.num_experts, Kernel::kTileM, n_blocks);
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(problem.sm_count, max_tiles)));
   kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, problem.stream>>>(params);
   SONICMOE_CUDA_TRY(cudaGetLastError());

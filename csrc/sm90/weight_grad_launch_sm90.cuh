@@ -5,6 +5,7 @@
 // After the launch header: it needs cudaTypedefs.h's driver typedefs before any CUTLASS include.
 #include "sm90/collective/varlen_k_mainloop_sm90.cuh"
 #include "sm90/epilogue/tma_store_epilogue_sm90.cuh"
+#include "common/weight_grad_problem.h"
 
 namespace sonicmoe::sm90 {
 
@@ -70,13 +71,7 @@ Status run_weight_grad_cooperative_with(const WeightGradParams& p) {
   // K7 in K5's shape: dW1[e]^T = x[gather]^T dH, x gathered on the 128-wide A side (the 256 x 128
   // tile with two 64-row atoms per warpgroup ran 0.64-0.82x the gathered copy + torch._grouped_mm),
   // stored transposed into (E, m_out, n_out).
-  WeightGradParams t = p;
-  t.a = p.b;
-  t.b = p.a;
-  t.m_out = p.n_out;
-  t.n_out = p.m_out;
-  t.gather_a = true;
-  return run_weight_grad_with<Mainloop, /*transposed_out=*/true>(t);
+  return run_weight_grad_with<Mainloop, /*transposed_out=*/true>(transposed_weight_grad(p));
 }
 
 }  // namespace sonicmoe::sm90

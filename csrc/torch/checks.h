@@ -86,7 +86,7 @@ inline void check_aligned16(const char* op, const at::Tensor& t, const char* nam
 
 // The device must be one this build has kernels for, for this op: sm_90 (H100, H200) where the
 // library holds sm_90a kernels; sm_100 (B200, GB200) only for an op with sm_100a kernels
-// (op_has_sm100: grouped_gemm, b_layout NK and KN, up_proj and down_proj_grad so far) where the library holds them. An 'a'
+// (op_has_sm100: grouped_gemm, b_layout NK and KN, up_proj, down_proj_grad and weight_grad so far) where the library holds them. An 'a'
 // cubin loads on its exact compute capability only. The message (device_kernel_arch) names the
 // GPU, the build and the fix.
 inline void check_kernel_device(const char* op, const at::Tensor& t, const std::string& name, bool op_has_sm100) {

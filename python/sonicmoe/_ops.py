@@ -66,8 +66,8 @@ KERNEL_DEVICE_TYPES = {"cuda"}
 
 def kernel_archs() -> tuple[int, ...]:
     """The kernel archs of the built extension (SONICMOE_CUDA_ARCHS): 90 for sm_90a, 100 for
-    sm_100a; () without the extension. sm_100a holds grouped_gemm, grouped_gemm_kn, up_proj and
-    down_proj_grad only so far."""
+    sm_100a; () without the extension. sm_100a holds grouped_gemm, grouped_gemm_kn, up_proj,
+    down_proj_grad and weight_grad only so far."""
     return tuple(torch.ops.sonicmoe.kernel_archs()) if _C is not None else ()
 
 
@@ -152,7 +152,11 @@ def weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows=False, 
     cooperative tiles read the other operand's first 64 rows past expert_offsets[E] by TMA, which
     must be finite (down_proj_grad's outputs are zero there): "auto" then takes ping-pong's
     cp.async path unless rows_past_end_zeroed says the caller guarantees them (the layer does).
-    sm_margin: SMs the persistent grid leaves to work on other streams (0: it takes them all)."""
+    sm_margin: SMs the persistent grid leaves to work on other streams (0: it takes them all).
+    On a Blackwell sm_100 GPU (a build with SONICMOE_CUDA_ARCHS="90a;100a"): tile_config "auto" only
+    (the sm100 kernel: the 128-wide gathered side by cp.async, the 256-wide other side by TMA, or by
+    cp.async where partial_rows is set without rows_past_end_zeroed or there are no rows; tcgen05
+    MMA, one tile); the same results and zeros."""
     _require_extension()
     return torch.ops.sonicmoe.weight_grad(a, b, expert_offsets, gather_idx, gather_a, partial_rows,
                                           _tile_config_number(tile_config), sm_margin, rows_past_end_zeroed)

@@ -76,8 +76,8 @@ def _token_rows(x, d):
 
 # The compute capabilities the layer runs on: every op it launches has sm_90a kernels only
 # (CMakeLists.txt; an sm_90a kernel loads on no other GPU). A "90a;100a" build adds sm_100a
-# kernels for grouped_gemm (K2, K6), up_proj (K1) and down_proj_grad (K4) alone, which the layer
-# cannot run on by itself, so a Blackwell GPU is refused here too, before anything is launched. The ops check in
+# kernels for grouped_gemm (K2, K6), up_proj (K1), down_proj_grad (K4) and weight_grad (K5, K7) alone,
+# not for the routing and combine ops, so the layer cannot run on it by itself, so a Blackwell GPU is refused here too, before anything is launched. The ops check in
 # C++ as well (csrc/torch/checks.h).
 _KERNEL_CAPABILITIES = ((9, 0),)
 _devices_checked = set()
@@ -88,7 +88,7 @@ def _kernel_device_rule(major, minor):
     rule = "must be a Hopper GPU (sm_90: H100, H200)"
     if (major, minor) == (10, 0):
         return (rule + "; on Blackwell (sm_100: B200, GB200) only torch.ops.sonicmoe.grouped_gemm, grouped_gemm_kn, "
-                "up_proj and down_proj_grad have kernels yet (a build with SONICMOE_CUDA_ARCHS=\"90a;100a\"), and the layer needs "
+                "up_proj, down_proj_grad and weight_grad have kernels yet (a build with SONICMOE_CUDA_ARCHS=\"90a;100a\"), and the layer needs "
                 "every op")
     if major == 10:
         return (rule + f"; sm_{major}{minor} is not sm_100 either: sm_100a kernels load on compute capability 10.0 "

@@ -1,6 +1,6 @@
 // GoogleTest: per-device dispatch (which kernel family an op runs on a GPU, and the errors where
-// this build holds none) and the host rules of the sm100 grouped GEMM and up-projection. Pure host
-// logic: runs anywhere.
+// this build holds none) and the host rules of the sm100 grouped GEMM, up-projection, its backward
+// and the weight gradients. Pure host logic: runs anywhere.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -88,10 +88,11 @@ TEST(DeviceArch, grouped_gemm_kn_runs_on_either_family_where_built) {
 
 TEST(DeviceArch, blackwell_refuses_ops_without_sm100_kernels_whatever_was_built) {
   for (const BuiltArchs built : {kSm90Only, kBoth}) {
-    const auto c = choose_kernel_arch("weight_grad", 10, 0, built, false);
+    const auto c = choose_kernel_arch("combine", 10, 0, built, false);
     EXPECT_EQ(c.arch, KernelArch::kNone);
-    EXPECT_EQ(c.error, "weight_grad: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, "
-                       "up_proj and down_proj_grad only in this build); on sm_90 GPUs (H100, H200) every op runs");
+    EXPECT_EQ(c.error, "combine: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, "
+                       "up_proj, down_proj_grad and weight_grad only in this build); on sm_90 GPUs (H100, H200) "
+                       "every op runs");
   }
 }
 
@@ -273,6 +274,73 @@ TEST(DownProjGradSm100Host, takes_auto_only_and_names_the_rule) {
 TEST(DownProjGradSm100Host, blackwell_takes_the_sm100_path) {
   for (const BuiltArchs built : {kSm100Only, kBoth})
     EXPECT_EQ(choose_kernel_arch("down_proj_grad", 10, 0, built, true).arch, KernelArch::kSm100);
+}
+
+// ---------------------------------------------------------------- sm100 weight_grad host rules
+
+// The dense side by TMA wherever every row a 64-row box may reach is written and finite; by the
+// cp.async producers where rows past offsets[E] may be unwritten or there are no rows at all.
+TEST(WeightGradSm100Host, auto_reads_the_dense_side_by_tma_unless_rows_past_the_end_may_be_unwritten) {
+  using sonicmoe::sm100::WeightGradConfig;
+  using sonicmoe::sm100::choose_weight_grad_config;
+  for (int64_t m_total : {1, 64, 4096 * 8}) {
+    EXPECT_EQ(choose_weight_grad_config(false, false, m_total), WeightGradConfig::k1Sm128x256x64) << m_total;
+    EXPECT_EQ(choose_weight_grad_config(false, true, m_total), WeightGradConfig::k1Sm128x256x64) << m_total;
+    EXPECT_EQ(choose_weight_grad_config(true, true, m_total), WeightGradConfig::k1Sm128x256x64) << m_total;
+    EXPECT_EQ(choose_weight_grad_config(true, false, m_total), WeightGradConfig::k1Sm128x256x64CpAsyncDense)
+        << m_total;
+  }
+  for (bool partial : {false, true})
+    for (bool zeroed : {false, true})
+      EXPECT_EQ(choose_weight_grad_config(partial, zeroed, 0), WeightGradConfig::k1Sm128x256x64CpAsyncDense);
+  EXPECT_STREQ(sonicmoe::sm100::weight_grad_config_name(WeightGradConfig::k1Sm128x256x64), "sm100_1sm_128x256x64");
+  EXPECT_STREQ(sonicmoe::sm100::weight_grad_config_name(WeightGradConfig::k1Sm128x256x64CpAsyncDense),
+               "sm100_1sm_128x256x64_cp_async_dense");
+}
+
+// K5 / K7's tile: one TMEM lane per row of the 128-wide gathered side, 256 dense columns (whole
+// 64-column TMA boxes), two fp32 accumulators in TMEM's 512 columns, 4 stages in 227 KB.
+TEST(WeightGradSm100Host, shape_fits_tmem_and_shared_memory) {
+  for (auto config : {sonicmoe::sm100::WeightGradConfig::k1Sm128x256x64,
+                      sonicmoe::sm100::WeightGradConfig::k1Sm128x256x64CpAsyncDense}) {
+    const auto s = sonicmoe::sm100::weight_grad_shape(config);
+    EXPECT_EQ(s.m, 128);
+    EXPECT_EQ(s.n, 256);
+    EXPECT_EQ(s.k, 64);
+    EXPECT_EQ(s.n % 64, 0);
+    EXPECT_LE(2 * s.n, 512);
+    const int stage_bytes = (s.m + s.n) * s.k * 2;
+    EXPECT_LE(s.stages * stage_bytes + 1024, 227 * 1024);
+    EXPECT_GT((s.stages + 1) * stage_bytes, 227 * 1024);
+  }
+}
+
+TEST(WeightGradSm100Host, takes_auto_only_and_names_the_rule) {
+  sonicmoe::WeightGradParams p = sonicmoe::test::weight_grad_shape();
+  for (bool gather_a : {true, false})
+    for (bool partial : {false, true}) {
+      p.gather_a = gather_a;
+      p.partial_rows = partial;
+      EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
+      EXPECT_EQ(sonicmoe::sm100::check_weight_grad(p), "");
+    }
+  p.gather_a = true;
+  p.config = sonicmoe::GemmTileConfig::kVarlenCooperative128x256x64;  // valid on sm90 ...
+  EXPECT_EQ(sonicmoe::check_weight_grad(p), "");
+  EXPECT_EQ(sonicmoe::sm100::check_weight_grad(p),  // ... refused on sm100, naming the rule
+            "weight_grad: config = 8 breaks the rule: must be 0 (auto) on an sm_100 GPU in this build (the other "
+            "GemmTileConfigs are sm90 kernels); auto picks 1-SM 128x256x64 with the dense operand by TMA, or by "
+            "cp.async where partial_rows is set without rows_past_end_zeroed or m_total is 0");
+}
+
+TEST(WeightGradSm100Host, blackwell_takes_the_sm100_path_hopper_the_sm90_one) {
+  for (const BuiltArchs built : {kSm100Only, kBoth})
+    EXPECT_EQ(choose_kernel_arch("weight_grad", 10, 0, built, true).arch, KernelArch::kSm100);
+  EXPECT_EQ(choose_kernel_arch("weight_grad", 9, 0, kBoth, true).arch, KernelArch::kSm90);
+  const auto c = choose_kernel_arch("weight_grad", 10, 0, kSm90Only, true);
+  EXPECT_EQ(c.arch, KernelArch::kNone);
+  EXPECT_EQ(c.error, "weight_grad: the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
+                     "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
 }
 
 #if SONICMOE_HAS_SM100

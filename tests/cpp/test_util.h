@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include "sonicmoe.h"
+
 namespace sonicmoe::test {
 
 inline bool hopper_available() {
@@ -52,6 +54,19 @@ Params expert_mlp_shape() {
   p.d = 1536;
   p.n = 256;
   p.num_experts = 128;
+  p.sm_count = 132;
+  return p;
+}
+
+// A valid weight-gradient problem: dW1 of paper-7b-n256 at T = 24576, dH (M, 2n)^T x (T, d).
+inline WeightGradParams weight_grad_shape() {
+  WeightGradParams p;
+  p.num_tokens = 24576;
+  p.m_total = 24576 * 8;
+  p.m_out = 512;
+  p.n_out = 1536;
+  p.num_experts = 128;
+  p.gather_a = false;
   p.sm_count = 132;
   return p;
 }

@@ -12,17 +12,7 @@ namespace {
 
 using sonicmoe::WeightGradParams;
 
-WeightGradParams valid_shape() {  // dW1 of paper-7b-n256: dH (M, 2n)^T x (T, d)
-  WeightGradParams p;
-  p.num_tokens = 24576;
-  p.m_total = 24576 * 8;
-  p.m_out = 512;
-  p.n_out = 1536;
-  p.num_experts = 128;
-  p.gather_a = false;
-  p.sm_count = 132;
-  return p;
-}
+WeightGradParams valid_shape() { return sonicmoe::test::weight_grad_shape(); }
 
 TEST(WeightGradHost, accepts_the_cooperative_tile_matching_the_gathered_side) {
   WeightGradParams p = valid_shape();  // gathers b (x)

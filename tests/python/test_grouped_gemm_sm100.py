@@ -2,7 +2,7 @@
 against an fp32 torch computation, with the tolerances of the Hopper tests (relative Frobenius
 1e-2; the addend alone bit-exact): the sm100 K2 and K6 (CUTLASS's ptr-array grouped GEMM, 1-SM
 128x256 or 2-SM 256x256, chosen by rule; K6's router addend fused in its epilogue). Skips
-elsewhere; the other ops are refused there by name."""
+elsewhere; the ops without sm100 kernels (combine here) are refused there by name."""
 
 import re
 
@@ -74,8 +74,9 @@ def test_grouped_gemm_kn_refuses_what_sm100_does_not_run():
 
 
 def test_ops_without_sm100_kernels_are_refused_by_name():
-    gen = generator("weight_grad")
-    a, b, offs = make_inputs([64, 64], 64, 64, gen)
-    gather_idx = torch.arange(128, device="cuda", dtype=torch.int32)
-    with pytest.raises(ValueError, match=re.escape("weight_grad: no sm_100a kernel yet")):
-        sonicmoe.weight_grad(a, a, offs, gather_idx, True)
+    gen = generator("combine")
+    y = torch.randn(8, 64, device="cuda", generator=gen).bfloat16()
+    scores = torch.rand(4, 2, device="cuda", generator=gen)
+    rev_idx = torch.arange(8, device="cuda", dtype=torch.int32).reshape(4, 2)
+    with pytest.raises(ValueError, match=re.escape("combine: no sm_100a kernel yet")):
+        sonicmoe.combine(y, scores, rev_idx)

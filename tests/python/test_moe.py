@@ -204,14 +204,14 @@ def test_the_top_k_kernels_rules():
 
 def test_a_gpu_other_than_hopper_is_refused_before_any_launch(monkeypatch):
     # The layer's ops are sm_90a only: an A100 (sm_80), a B200 (sm_100, where only grouped_gemm,
-    # grouped_gemm_kn, up_proj and down_proj_grad have kernels), a B300 (sm_103) or an RTX 50 (sm_120) is refused by
+    # grouped_gemm_kn, up_proj, down_proj_grad and weight_grad have kernels), a B300 (sm_103) or an RTX 50 (sm_120) is refused by
     # name, and a Hopper passes (stand-in capabilities: this machine may have no GPU).
     capability = {0: (8, 0), 1: (10, 0), 2: (9, 0), 3: (10, 3), 4: (12, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
     monkeypatch.setattr(sonicmoe.functional, "_devices_checked", set())
     why = {0: "this build has sm_90a kernels only",
            1: "on Blackwell (sm_100: B200, GB200) only torch.ops.sonicmoe.grouped_gemm, grouped_gemm_kn, "
-              "up_proj and down_proj_grad have kernels yet",
+              "up_proj, down_proj_grad and weight_grad have kernels yet",
            3: "sm_103 is not sm_100 either: sm_100a kernels load on compute capability 10.0 only",
            4: "this build has sm_90a kernels only"}
     for index, reason in why.items():

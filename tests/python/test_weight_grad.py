@@ -26,6 +26,17 @@ def want_weight_grad(a, b, offsets, gather_idx, gather_a):
     return out
 
 
+def check_weight_grad_out(out, want, counts, m_out, n_out):
+    """out: bf16 (E, m_out, n_out), finite, exact zeros for the experts without rows (counts),
+    within 1e-2 relative Frobenius of the fp32 want."""
+    assert out.shape == (len(counts), m_out, n_out) and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    idle = torch.tensor(counts, device="cuda") == 0
+    assert not out[idle].any(), "an expert without rows must get exact zeros"
+    if want.any():
+        assert rel(out, want) <= 1e-2
+
+
 # "auto": the cooperative tile whose gathered side is 128 wide (128 x 256 gathering A, 256 x 128
 # gathering B), ping-pong without rows; both spelled out too, and the cooperative tile in 2 x 1
 # clusters (auto's where experts average 2048 rows; partial 256-wide blocks and odd m block
@@ -55,13 +66,7 @@ def test_weight_grad_matches_fp32(tile, gather_a, T, K, m_out, n_out, E, layout)
                    "cooperative": "varlen_cooperative_128x256x64" if gather_a else "varlen_cooperative_256x128x64",
                    "cooperative_c2x1": "varlen_cooperative_128x256x64_c2x1"}[tile]
     out = sonicmoe.weight_grad(a, b, offsets, gather_idx, gather_a, tile_config=tile_config)
-    want = want_weight_grad(a, b, offsets, gather_idx, gather_a)
-    assert out.shape == (E, m_out, n_out) and out.dtype == torch.bfloat16
-    assert torch.isfinite(out).all()
-    idle = torch.tensor(counts, device="cuda") == 0
-    assert not out[idle].any(), "an expert without rows must get exact zeros"
-    if want.any():
-        assert rel(out, want) <= 1e-2
+    check_weight_grad_out(out, want_weight_grad(a, b, offsets, gather_idx, gather_a), counts, m_out, n_out)
 
 
 @requires_hopper

@@ -11,8 +11,8 @@
 //    K4's w2[e], (E, d, n) with the reduction over d, so N-major (kKMajorB = false: 64 N columns
 //    x kTileK k rows per box, read by an MN-major UMMA descriptor, as sm90's K4 reads it).
 //  - One MMA warp: per stage, 4 tcgen05.mma (128 x kTileN x 16, 1 SM) issued by one thread; a
-//    tcgen05.commit releases the stage when they have read it, another one hands the finished
-//    accumulator to the epilogue.
+//    tcgen05.commit releases the stage when they have read it (umma_stages_sm100.cuh), another one
+//    hands the finished accumulator to the epilogue.
 // Stage barriers: full[s] completes with the TMA bytes and 128 cp.async arrivals; empty[s] with the
 // MMA's commit (the CUTLASS PipelineUmmaConsumerAsync protocol, written out).
 #pragma once
@@ -29,6 +29,7 @@
 
 #include "common/ptx.cuh"
 #include "common/varlen_tile_scheduler.cuh"
+#include "sm100/collective/umma_stages_sm100.cuh"
 
 namespace sonicmoe::sm100 {
 
@@ -72,12 +73,7 @@ struct VarlenGatherMainloop {
   static constexpr uint32_t kFullArrivals = 1 + kGatherThreads;  // the TMA issuer, each gathering thread
   static constexpr uint32_t kEmptyArrivals = 1;                   // the MMA warp's commit
 
-  struct SharedStorage {
-    alignas(1024) Element a[cute::cosize_v<SmemLayoutA>];
-    alignas(1024) Element b[cute::cosize_v<SmemLayoutB>];
-    uint64_t full[kStages];
-    uint64_t empty[kStages];
-  };
+  using SharedStorage = StageRing<Element, SmemLayoutA, SmemLayoutB, kStages>;
 
   struct Params {
     CUtensorMap tma_b;                    // (k, N, E) over K-major weights, (N, k, E) over N-major ones
@@ -89,12 +85,9 @@ struct VarlenGatherMainloop {
 
   static __device__ int k_tiles(const Params& p) { return (p.k + kTileK - 1) / kTileK; }
 
-  static __device__ void init(SharedStorage& s) {
-    for (int i = 0; i < kStages; ++i) {
-      cutlass::arch::ClusterBarrier::init(&s.full[i], kFullArrivals);
-      cutlass::arch::ClusterBarrier::init(&s.empty[i], kEmptyArrivals);
-    }
-  }
+  static __device__ void prefetch_descriptors(const Params& p) { cute::prefetch_tma_descriptor(&p.tma_b); }
+
+  static __device__ void init(SharedStorage& s) { s.init(kFullArrivals, kEmptyArrivals); }
 
   // Gather geometry: thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 j, j < kPasses.
   static constexpr int kChunksPerRow = kTileK * sizeof(Element) / 16;
@@ -125,8 +118,7 @@ struct VarlenGatherMainloop {
     }
     const int num_k_tiles = k_tiles(p);
     for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
-      const int stage = iteration % kStages;
-      cutlass::arch::ClusterBarrier::wait(&s.empty[stage], ((iteration / kStages) & 1) ^ 1);
+      const int stage = s.wait_empty(iteration);
       const int k0 = kt * kTileK;
       const bool col_ok = k0 + chunk * 8 < p.k;  // a partial last step: zeros past k
       const uint32_t stage_dst = dst + stage * kBytesA;
@@ -145,9 +137,7 @@ struct VarlenGatherMainloop {
     constexpr uint64_t kCacheHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     const int num_k_tiles = k_tiles(p);
     for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
-      const int stage = iteration % kStages;
-      cutlass::arch::ClusterBarrier::wait(&s.empty[stage], ((iteration / kStages) & 1) ^ 1);
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[stage], kBytesB);
+      const int stage = s.wait_empty_expect_tx(iteration, kBytesB);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kBoxesB; ++i) {
         Element* box = s.b + stage * kTileN * kTileK + i * kBoxRowsB * kTileK;
@@ -158,31 +148,11 @@ struct VarlenGatherMainloop {
     }
   }
 
-  // The MMA warp's side of one tile (the whole warp; the MMA atom and the commits elect one
-  // thread): accumulator (TMEM columns [tmem_acc, tmem_acc + kTileN)) = A_tile @ B_tile^T.
-  static __device__ void mma(const Params& p, SharedStorage& s, uint32_t tmem_acc, int& iteration) {
-    using namespace cute;
-    TiledMma tiled_mma;
-    auto thr_mma = tiled_mma.get_slice(0);
-    Tensor tCrA = thr_mma.make_fragment_A(make_tensor(make_smem_ptr(s.a), SmemLayoutA{}));  // (MMA, M, K, PIPE)
-    Tensor tCrB = thr_mma.make_fragment_B(make_tensor(make_smem_ptr(s.b), SmemLayoutB{}));  // (MMA, N, K, PIPE)
-    Tensor accum = TiledMma::make_fragment_C(partition_shape_C(TiledMma{}, make_shape(Int<kTileM>{}, Int<kTileN>{})));
-    accum.data() = tmem_acc;
-    tiled_mma.accumulate_ = UMMA::ScaleOut::Zero;
-    const int num_k_tiles = k_tiles(p);
-    for (int kt = 0; kt < num_k_tiles; ++kt, ++iteration) {
-      const int stage = iteration % kStages;
-      cutlass::arch::ClusterBarrier::wait(&s.full[stage], (iteration / kStages) & 1);
-      // A landed through the generic proxy (cp.async); the MMA reads shared memory through the
-      // async proxy.
-      fence_proxy_async_shared_cta();
-      CUTLASS_PRAGMA_UNROLL
-      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-        cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), accum);
-        tiled_mma.accumulate_ = UMMA::ScaleOut::One;
-      }
-      cutlass::arch::umma_arrive(&s.empty[stage]);  // the stage is free once these MMAs have read it
-    }
+  // The MMA warp's side of one tile: accumulator (TMEM columns [tmem_acc, tmem_acc + kTileN)) =
+  // A_tile @ B_tile^T over k.
+  static __device__ void mma(const Params& p, SharedStorage& s, const VarlenTile&, uint32_t tmem_acc, int& iteration) {
+    mma_stages<TiledMma, SmemLayoutA, SmemLayoutB, kTileM, kTileN, kStages>(s.a, s.b, s.full, s.empty, tmem_acc,
+                                                                             k_tiles(p), iteration);
   }
 };
 
