@@ -40,17 +40,16 @@ constexpr int arch_family(int major, int minor) {
 // arch_family of a CUDA device's compute capability; 0 when the query fails.
 int device_arch(int device);
 
-// Which kernels op runs on a GPU of compute capability major.minor, given the archs built and
-// whether the op has an sm_100a path (grouped_gemm, b_layout NK and KN, up_proj, down_proj_grad and weight_grad so far): the
-// family, or kNone with a message that names the GPU, the build and what to do. Pure: no device
-// access.
+// Which kernels op runs on a GPU of compute capability major.minor, given the archs built (every
+// op has sm_90a and sm_100a kernels): the family, or kNone with a message that names the GPU, the
+// build and what to do. Pure: no device access.
 struct KernelArchChoice {
   KernelArch arch = KernelArch::kNone;
   std::string error;
 };
-KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltArchs built, bool op_has_sm100);
+KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltArchs built);
 // The same for a CUDA device of this build (queries its compute capability).
-KernelArchChoice device_kernel_arch(const char* op, int device, bool op_has_sm100);
+KernelArchChoice device_kernel_arch(const char* op, int device);
 
 // Tile configurations of the sm90 grouped GEMM (csrc/common/tile_size.h spells them out).
 // kAuto lets the heuristic (csrc/sm90/heuristics.h) choose from the problem shape.

@@ -63,7 +63,7 @@ int device_arch(int device) {
   return arch_family(major, minor);
 }
 
-KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltArchs built, bool op_has_sm100) {
+KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltArchs built) {
   const std::string prefix = std::string(op) + ": ";
   switch (arch_family(major, minor)) {
     case 90:
@@ -71,11 +71,6 @@ KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltA
       return {KernelArch::kNone, prefix + gpu_text(major, minor) + " but this build holds " + built_text(built) +
                                      ": rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\""};
     case 100:
-      // An op without sm100 kernels is refused whatever was built: rebuilding would not help.
-      if (!op_has_sm100)
-        return {KernelArch::kNone, prefix + "no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and "
-                                            "KN, up_proj, down_proj_grad and weight_grad only in this build); on sm_90 GPUs "
-                                            "(H100, H200) every op runs"};
       if (built.sm100) return {KernelArch::kSm100, {}};
       return {KernelArch::kNone, prefix + gpu_text(major, minor) + " but this build holds " + built_text(built) +
                                      ": rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\""};
@@ -88,18 +83,17 @@ KernelArchChoice choose_kernel_arch(const char* op, int major, int minor, BuiltA
                 sm_name(major, minor) + "a kernels are built"};
   }
   return {KernelArch::kNone, prefix + gpu_text(major, minor) +
-                                 ": the kernels run on Hopper sm_90 (H100, H200) and, for grouped_gemm, up_proj, down_proj_grad "
-                                 "and weight_grad only, "
-                                 "Blackwell sm_100 (B200, GB200); this build holds " + built_text(built)};
+                                 ": the kernels run on Hopper sm_90 (H100, H200) and Blackwell sm_100 (B200, GB200); "
+                                 "this build holds " + built_text(built)};
 }
 
-KernelArchChoice device_kernel_arch(const char* op, int device, bool op_has_sm100) {
+KernelArchChoice device_kernel_arch(const char* op, int device) {
   int major = 0, minor = 0;
   const std::string error = compute_capability(device, &major, &minor);
   if (!error.empty())
     return {KernelArch::kNone, std::string(op) + ": cannot read the compute capability of CUDA device " +
                                    std::to_string(device) + ": " + error};
-  return choose_kernel_arch(op, major, minor, built_archs(), op_has_sm100);
+  return choose_kernel_arch(op, major, minor, built_archs());
 }
 
 }  // namespace sonicmoe

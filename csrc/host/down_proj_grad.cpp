@@ -56,7 +56,7 @@ Status run_down_proj_grad_sm100(const DownProjGradParams& p) {
 Status launch_down_proj_grad_on_device(const DownProjGradParams& p) {
   int device = 0;
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
-  const KernelArchChoice arch = device_kernel_arch("down_proj_grad", device, /*op_has_sm100=*/true);
+  const KernelArchChoice arch = device_kernel_arch("down_proj_grad", device);
   if (arch.arch == KernelArch::kSm100) return run_down_proj_grad_sm100(p);
   if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
   if (p.config != GemmTileConfig::kAuto) return launch_down_proj_grad(p, p.config);

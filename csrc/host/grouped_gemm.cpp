@@ -273,7 +273,7 @@ Status run_grouped_gemm(const GroupedGemmParams& params) {
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
   const bool nk = params.b_layout == WeightLayout::kNK;
   const KernelArchChoice arch =
-      device_kernel_arch(nk ? "grouped_gemm" : "grouped_gemm (b_layout KN)", device, /*op_has_sm100=*/true);
+      device_kernel_arch(nk ? "grouped_gemm" : "grouped_gemm (b_layout KN)", device);
   if (arch.arch == KernelArch::kSm100) return run_grouped_gemm_sm100(params);
   if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
 #if SONICMOE_HAS_SM90

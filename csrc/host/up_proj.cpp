@@ -80,7 +80,7 @@ Status run_up_proj(const UpProjParams& p) {
   // The device's kernel family (the caller has made the launch device current).
   int device = 0;
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
-  const KernelArchChoice arch = device_kernel_arch("up_proj", device, /*op_has_sm100=*/true);
+  const KernelArchChoice arch = device_kernel_arch("up_proj", device);
   if (arch.arch == KernelArch::kSm100) return run_up_proj_sm100(p);
   if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
   if (p.config != GemmTileConfig::kAuto) return launch_up_proj(p, p.config);

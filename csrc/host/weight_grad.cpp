@@ -114,7 +114,7 @@ Status run_weight_grad(const WeightGradParams& p) {
   // The device's kernel family (the caller has made the launch device current).
   int device = 0;
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
-  const KernelArchChoice arch = device_kernel_arch("weight_grad", device, /*op_has_sm100=*/true);
+  const KernelArchChoice arch = device_kernel_arch("weight_grad", device);
   if (arch.arch == KernelArch::kSm100) return run_weight_grad_sm100(p);
   if (arch.arch != KernelArch::kSm90) return Status::error(arch.error);
   // No rows at all: every tile stores zeros through the ping-pong kernel's cp.async path (TMA

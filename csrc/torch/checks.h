@@ -84,13 +84,11 @@ inline void check_aligned16(const char* op, const at::Tensor& t, const char* nam
             std::to_string(addr), "must be 16-byte aligned (TMA); a sliced view may not be");
 }
 
-// The device must be one this build has kernels for, for this op: sm_90 (H100, H200) where the
-// library holds sm_90a kernels; sm_100 (B200, GB200) only for an op with sm_100a kernels
-// (op_has_sm100: grouped_gemm, b_layout NK and KN, up_proj, down_proj_grad and weight_grad so far) where the library holds them. An 'a'
-// cubin loads on its exact compute capability only. The message (device_kernel_arch) names the
-// GPU, the build and the fix.
-inline void check_kernel_device(const char* op, const at::Tensor& t, const std::string& name, bool op_has_sm100) {
-  const KernelArchChoice choice = device_kernel_arch(op, t.get_device(), op_has_sm100);
+// The device must be one this build has kernels for: sm_90 (H100, H200) where the library holds
+// sm_90a kernels, sm_100 (B200, GB200) where it holds sm_100a ones. An 'a' cubin loads on its exact
+// compute capability only. The message (device_kernel_arch) names the GPU, the build and the fix.
+inline void check_kernel_device(const char* op, const at::Tensor& t, const std::string& name) {
+  const KernelArchChoice choice = device_kernel_arch(op, t.get_device());
   if (choice.arch == KernelArch::kNone)
     TORCH_CHECK_VALUE(false, choice.error + " (" + name + ".device = " + t.device().str() + ")");
 }
@@ -98,8 +96,7 @@ inline void check_kernel_device(const char* op, const at::Tensor& t, const std::
 // Every tensor on the CUDA device of the first one, a GPU this build runs op on (after all other
 // checks, so CPU tests reach those first).
 inline void check_same_cuda_device(
-    const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors,
-    bool op_has_sm100 = false) {
+    const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors) {
   const at::Tensor& first = *tensors.begin()->first;
   const std::string first_name = tensors.begin()->second;
   for (const auto& [t, name] : tensors) {
@@ -109,7 +106,7 @@ inline void check_same_cuda_device(
               t->device().str(), "must be the device of " + first_name + " (" +
                                      first.device().str() + ")");
   }
-  check_kernel_device(op, first, first_name, op_has_sm100);
+  check_kernel_device(op, first, first_name);
 }
 
 // The SM count of t's device (check_same_cuda_device has checked it).

@@ -73,8 +73,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     int64_t activation) {
   check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config, activation);
   check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
-                               {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}},
-                         /*op_has_sm100=*/true);
+                               {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
   const c10::cuda::CUDAGuard guard(d_out.device());
   DownProjGradParams p = down_proj_grad_shape(d_out, w2, gather_idx);
   p.partial_rows = partial_rows;

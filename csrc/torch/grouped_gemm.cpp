@@ -93,7 +93,7 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   check_addend_args(a, b, addend_scale, addend_rows);
   // Both layouts have sm_100a kernels: K2 (NK) and K6 (KN, torch's grouped_gemm_kn, with its addend).
   const char* op = layout == WeightLayout::kNK ? kOp : "grouped_gemm_kn";
-  check_same_cuda_device(op, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}}, /*op_has_sm100=*/true);
+  check_same_cuda_device(op, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   if (addend_scale.has_value())
     check_same_cuda_device(op, {{&a, "a"}, {&*addend_scale, "addend_scale"}, {&*addend_rows, "addend_rows"}});
   const c10::cuda::CUDAGuard guard(a.device());

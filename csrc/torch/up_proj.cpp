@@ -68,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
                                                 bool partial_rows, int64_t tile_config, int64_t activation) {
   check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config, activation);
   check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
-                               {&gather_idx, "gather_idx"}}, /*op_has_sm100=*/true);
+                               {&gather_idx, "gather_idx"}});
   const c10::cuda::CUDAGuard guard(x.device());
   UpProjParams p = up_proj_shape(x, w1, gather_idx);
   p.config = static_cast<GemmTileConfig>(tile_config);

@@ -61,7 +61,7 @@ void check_weight_grad_args(const at::Tensor& a, const at::Tensor& b, const at::
 void check_devices(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                    const at::Tensor& gather_idx) {
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"},
-                               {&gather_idx, "gather_idx"}}, /*op_has_sm100=*/true);
+                               {&gather_idx, "gather_idx"}});
 }
 
 }  // namespace

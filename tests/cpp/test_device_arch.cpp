@@ -40,13 +40,11 @@ TEST(DeviceArch, built_archs_are_the_cmake_list) {
 }
 
 TEST(DeviceArch, hopper_runs_sm90_where_built) {
-  for (bool has_sm100 : {false, true}) {
-    const auto c = choose_kernel_arch("grouped_gemm", 9, 0, kSm90Only, has_sm100);
-    EXPECT_EQ(c.arch, KernelArch::kSm90);
-    EXPECT_TRUE(c.error.empty());
-    EXPECT_EQ(choose_kernel_arch("up_proj", 9, 0, kBoth, has_sm100).arch, KernelArch::kSm90);
-  }
-  const auto c = choose_kernel_arch("up_proj", 9, 0, kSm100Only, false);
+  const auto hopper = choose_kernel_arch("grouped_gemm", 9, 0, kSm90Only);
+  EXPECT_EQ(hopper.arch, KernelArch::kSm90);
+  EXPECT_TRUE(hopper.error.empty());
+  EXPECT_EQ(choose_kernel_arch("up_proj", 9, 0, kBoth).arch, KernelArch::kSm90);
+  const auto c = choose_kernel_arch("up_proj", 9, 0, kSm100Only);
   EXPECT_EQ(c.arch, KernelArch::kNone);
   EXPECT_EQ(c.error, "up_proj: the GPU is sm_90 (compute capability 9.0) but this build holds sm_100a kernels "
                      "only: rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"");
@@ -56,11 +54,11 @@ TEST(DeviceArch, hopper_runs_sm90_where_built) {
 // named where the family is missing, sm90 on a Hopper, and no sm_103 (B300).
 TEST(DeviceArch, blackwell_runs_grouped_gemm_and_up_proj_on_sm100_where_built) {
   for (const std::string op : {"grouped_gemm", "up_proj"}) {
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kBoth, true).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kSm100Only, true).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 9, 0, kBoth, true).arch, KernelArch::kSm90);
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 3, kBoth, true).arch, KernelArch::kNone);
-    const auto c = choose_kernel_arch(op.c_str(), 10, 0, kSm90Only, true);
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kBoth).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kSm100Only).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 9, 0, kBoth).arch, KernelArch::kSm90);
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 3, kBoth).arch, KernelArch::kNone);
+    const auto c = choose_kernel_arch(op.c_str(), 10, 0, kSm90Only);
     EXPECT_EQ(c.arch, KernelArch::kNone);
     EXPECT_EQ(c.error, op + ": the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
                             "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
@@ -71,34 +69,38 @@ TEST(DeviceArch, blackwell_runs_grouped_gemm_and_up_proj_on_sm100_where_built) {
 // too: sm100 on a B200 where built, sm90 on a Hopper, the rebuild named where the family is missing.
 TEST(DeviceArch, grouped_gemm_kn_runs_on_either_family_where_built) {
   for (const char* op : {"grouped_gemm (b_layout KN)", "grouped_gemm_kn"}) {
-    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kBoth, true).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kSm100Only, true).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kBoth, true).arch, KernelArch::kSm90);
-    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kSm90Only, true).arch, KernelArch::kSm90);
-    const auto no_sm100 = choose_kernel_arch(op, 10, 0, kSm90Only, true);
+    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kBoth).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kSm100Only).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kBoth).arch, KernelArch::kSm90);
+    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kSm90Only).arch, KernelArch::kSm90);
+    const auto no_sm100 = choose_kernel_arch(op, 10, 0, kSm90Only);
     EXPECT_EQ(no_sm100.arch, KernelArch::kNone);
     EXPECT_EQ(no_sm100.error, std::string(op) + ": the GPU is sm_100 (compute capability 10.0) but this build holds "
                                                 "sm_90a kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
-    const auto no_sm90 = choose_kernel_arch(op, 9, 0, kSm100Only, true);
+    const auto no_sm90 = choose_kernel_arch(op, 9, 0, kSm100Only);
     EXPECT_EQ(no_sm90.arch, KernelArch::kNone);
     EXPECT_TRUE(contains(no_sm90.error, "rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"")) << no_sm90.error;
-    EXPECT_EQ(choose_kernel_arch(op, 10, 3, kBoth, true).arch, KernelArch::kNone);  // B300: not sm_100a
+    EXPECT_EQ(choose_kernel_arch(op, 10, 3, kBoth).arch, KernelArch::kNone);  // B300: not sm_100a
   }
 }
 
-TEST(DeviceArch, blackwell_refuses_ops_without_sm100_kernels_whatever_was_built) {
-  for (const BuiltArchs built : {kSm90Only, kBoth}) {
-    const auto c = choose_kernel_arch("combine", 10, 0, built, false);
-    EXPECT_EQ(c.arch, KernelArch::kNone);
-    EXPECT_EQ(c.error, "combine: no sm_100a kernel yet (Blackwell runs grouped_gemm, b_layout NK and KN, "
-                       "up_proj, down_proj_grad and weight_grad only in this build); on sm_90 GPUs (H100, H200) "
-                       "every op runs");
+// Every op has sm100 kernels now, the plain CUDA ones (routing, combines) included: sm100 on a B200
+// where built, the rebuild named where it is not.
+TEST(DeviceArch, blackwell_runs_every_op_on_sm100_where_built) {
+  for (const std::string op : {"combine", "combine_dx", "routing_metadata", "router_topk", "router_backward",
+                               "token_rounding_assign", "dense_layout", "weight_grad", "down_proj_grad"}) {
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kBoth).arch, KernelArch::kSm100) << op;
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kSm100Only).arch, KernelArch::kSm100) << op;
+    const auto c = choose_kernel_arch(op.c_str(), 10, 0, kSm90Only);
+    EXPECT_EQ(c.arch, KernelArch::kNone) << op;
+    EXPECT_EQ(c.error, op + ": the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
+                            "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
   }
 }
 
 TEST(DeviceArch, b300_is_not_sm100a) {
   // Arch-specific ('a') cubins load on their exact compute capability only: sm_100a not on 10.3.
-  const auto c = choose_kernel_arch("grouped_gemm", 10, 3, kBoth, true);
+  const auto c = choose_kernel_arch("grouped_gemm", 10, 3, kBoth);
   EXPECT_EQ(c.arch, KernelArch::kNone);
   EXPECT_TRUE(contains(c.error, "grouped_gemm: the GPU is sm_103 (compute capability 10.3)")) << c.error;
   EXPECT_TRUE(contains(c.error, "load on compute capability 10.0 only (B200, GB200)")) << c.error;
@@ -107,14 +109,14 @@ TEST(DeviceArch, b300_is_not_sm100a) {
 
 TEST(DeviceArch, other_gpus_are_refused_by_name) {
   for (auto [major, minor] : {std::pair{8, 0}, std::pair{12, 0}, std::pair{8, 9}}) {
-    const auto c = choose_kernel_arch("combine", major, minor, kBoth, false);
+    const auto c = choose_kernel_arch("combine", major, minor, kBoth);
     EXPECT_EQ(c.arch, KernelArch::kNone);
     const std::string gpu = "combine: the GPU is sm_" + std::to_string(major) + std::to_string(minor) +
                             " (compute capability " + std::to_string(major) + "." + std::to_string(minor) + ")";
     EXPECT_TRUE(contains(c.error, gpu)) << c.error;
     EXPECT_TRUE(contains(c.error, "this build holds sm_90a and sm_100a kernels")) << c.error;
   }
-  EXPECT_TRUE(contains(choose_kernel_arch("combine", 8, 0, kSm90Only, false).error,
+  EXPECT_TRUE(contains(choose_kernel_arch("combine", 8, 0, kSm90Only).error,
                        "this build holds sm_90a kernels only"));
 }
 
@@ -273,7 +275,7 @@ TEST(DownProjGradSm100Host, takes_auto_only_and_names_the_rule) {
 
 TEST(DownProjGradSm100Host, blackwell_takes_the_sm100_path) {
   for (const BuiltArchs built : {kSm100Only, kBoth})
-    EXPECT_EQ(choose_kernel_arch("down_proj_grad", 10, 0, built, true).arch, KernelArch::kSm100);
+    EXPECT_EQ(choose_kernel_arch("down_proj_grad", 10, 0, built).arch, KernelArch::kSm100);
 }
 
 // ---------------------------------------------------------------- sm100 weight_grad host rules
@@ -335,9 +337,9 @@ TEST(WeightGradSm100Host, takes_auto_only_and_names_the_rule) {
 
 TEST(WeightGradSm100Host, blackwell_takes_the_sm100_path_hopper_the_sm90_one) {
   for (const BuiltArchs built : {kSm100Only, kBoth})
-    EXPECT_EQ(choose_kernel_arch("weight_grad", 10, 0, built, true).arch, KernelArch::kSm100);
-  EXPECT_EQ(choose_kernel_arch("weight_grad", 9, 0, kBoth, true).arch, KernelArch::kSm90);
-  const auto c = choose_kernel_arch("weight_grad", 10, 0, kSm90Only, true);
+    EXPECT_EQ(choose_kernel_arch("weight_grad", 10, 0, built).arch, KernelArch::kSm100);
+  EXPECT_EQ(choose_kernel_arch("weight_grad", 9, 0, kBoth).arch, KernelArch::kSm90);
+  const auto c = choose_kernel_arch("weight_grad", 10, 0, kSm90Only);
   EXPECT_EQ(c.arch, KernelArch::kNone);
   EXPECT_EQ(c.error, "weight_grad: the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
                      "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
