@@ -5,13 +5,12 @@ The extension links against the torch of the interpreter that runs the build: bu
 `pip wheel . --no-build-isolation` (or `pip install . --no-build-isolation`) in the environment
 that will run it. Under pip's default build isolation the build's torch is a fresh download, whose
 version need not be the one you run. The wheel's version carries what it was built for:
-0.2.0+cu130torch2.14sm90a (CUDA, torch, kernel archs; ...sm90a.sm100a for "90a;100a");
+0.2.0+cu130torch2.14sm90a.sm100a (CUDA, torch, kernel archs; ...sm90a for "90a");
 python/sonicmoe/version.py holds the base.
 
 Environment:
-  SONICMOE_CUDA_ARCHS  arch list for the kernels: "90a" (default), "100a" or "90a;100a" (also
-                       comma-separated); sm_100a holds grouped_gemm (b_layout NK, KN), up_proj,
-                       down_proj_grad and weight_grad only so far.
+  SONICMOE_CUDA_ARCHS  arch list for the kernels: "90a;100a" (default), "90a" or "100a" (also
+                       comma-separated).
                        Passed to CMake, which refuses any other arch; the wheel's label names it
   MAX_JOBS             parallel compile jobs (default: all cores)
   CUDA_HOME            defaults to /usr/local/cuda (torch would otherwise guess /usr/local)
@@ -39,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parent
 CMAKE_BUILD_DIR = ROOT / "build" / "cmake"
 PREBUILT_KERNELS = os.environ.get("SONICMOE_PREBUILT_KERNELS")
 KERNELS_LIBRARY = pathlib.Path(PREBUILT_KERNELS).resolve() if PREBUILT_KERNELS else CMAKE_BUILD_DIR / "libsonicmoe_kernels.a"
-ARCHS = os.environ.get("SONICMOE_CUDA_ARCHS", "90a")
+ARCHS = os.environ.get("SONICMOE_CUDA_ARCHS", "90a;100a")
 JOBS = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
 
 

@@ -17,7 +17,7 @@ JOBS=${MAX_JOBS:-$(nproc)}
 OUT=build/prebuilt
 
 python3 scripts/fetch_cutlass.py
-cmake -S . -B build/cmake -G Ninja -DSONICMOE_CUDA_ARCHS="${SONICMOE_CUDA_ARCHS:-90a}" \
+cmake -S . -B build/cmake -G Ninja -DSONICMOE_CUDA_ARCHS="${SONICMOE_CUDA_ARCHS:-90a;100a}" \
   -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" > /dev/null
 
 build() {  # build NAME: the kernel library of the tree as it is now, kept as $OUT/NAME/

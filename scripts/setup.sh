@@ -38,7 +38,7 @@ fi
 command -v nvcc >/dev/null || { echo "nvcc not found: set CUDA_HOME to a CUDA 13 toolkit" >&2; exit 1; }
 [ "${1:-}" = "--deps-only" ] && exit 0
 
-echo "== building sonicmoe._C in place (archs: ${SONICMOE_CUDA_ARCHS:-90a}, jobs: ${MAX_JOBS:-$(nproc)})"
+echo "== building sonicmoe._C in place (archs: ${SONICMOE_CUDA_ARCHS:-90a;100a}, jobs: ${MAX_JOBS:-$(nproc)})"
 "$PY" setup.py build_ext --inplace >build-ext.log 2>&1 &
 build=$!
 while kill -0 "$build" 2>/dev/null; do  # a progress line from ninja's [done/total] counts

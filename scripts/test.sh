@@ -11,7 +11,7 @@ PY=${VIRTUAL_ENV:-${SONICMOE_VENV:-.venv}}/bin/python
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$(dirname "$PY"):$CUDA_HOME/bin:$PATH"
 
-echo "== building the wheel (archs: ${SONICMOE_CUDA_ARCHS:-90a}, jobs: ${MAX_JOBS:-$(nproc)})"
+echo "== building the wheel (archs: ${SONICMOE_CUDA_ARCHS:-90a;100a}, jobs: ${MAX_JOBS:-$(nproc)})"
 rm -rf dist
 "$PY" -m pip wheel . --no-build-isolation --no-deps -w dist >build-wheel.log 2>&1 || { tail -n 60 build-wheel.log; exit 1; }
 wheel=$(ls dist/sonicmoe-*.whl)
