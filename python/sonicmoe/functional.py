@@ -74,37 +74,45 @@ def _token_rows(x, d):
     return _kernel_rows(x.reshape(-1, d))
 
 
-# The compute capabilities the layer runs on: every op it launches has sm_90a kernels only
-# (CMakeLists.txt; an sm_90a kernel loads on no other GPU). A "90a;100a" build adds sm_100a
-# kernels for grouped_gemm (K2, K6), up_proj (K1), down_proj_grad (K4) and weight_grad (K5, K7) alone,
-# not for the routing and combine ops, so the layer cannot run on it by itself, so a Blackwell GPU is refused here too, before anything is launched. The ops check in
-# C++ as well (csrc/torch/checks.h).
-_KERNEL_CAPABILITIES = ((9, 0),)
-_devices_checked = set()
+# The compute capabilities the layer runs on, by the archs this build holds (kernel_archs(),
+# SONICMOE_CUDA_ARCHS): Hopper sm_90 with sm_90a kernels, Blackwell sm_100 (B200, GB200) with
+# sm_100a ones (an 'a' cubin loads on its exact compute capability only). Checked once per device
+# before anything is launched; the ops check in C++ as well (csrc/torch/checks.h).
+_ARCH_CAPABILITIES = {90: (9, 0), 100: (10, 0)}
+_device_families = {}  # device index -> 90 or 100, for the devices checked
 
 
-def _kernel_device_rule(major, minor):
-    """Why a GPU of compute capability major.minor cannot run the layer."""
-    rule = "must be a Hopper GPU (sm_90: H100, H200)"
-    if (major, minor) == (10, 0):
-        return (rule + "; on Blackwell (sm_100: B200, GB200) only torch.ops.sonicmoe.grouped_gemm, grouped_gemm_kn, "
-                "up_proj, down_proj_grad and weight_grad have kernels yet (a build with SONICMOE_CUDA_ARCHS=\"90a;100a\"), and the layer needs "
-                "every op")
+def _kernel_device_rule(major, minor, archs):
+    """Why a GPU of compute capability major.minor cannot run the layer, for a build of archs."""
+    names = {90: "Hopper (sm_90: H100, H200)", 100: "Blackwell (sm_100: B200, GB200)"}
+    built = [a for a in (90, 100) if a in archs]
+    rule = ("must be " + " or ".join(names[a] for a in built)) if built else "needs a build with GPU kernels"
+    holds = f"this build has {' and '.join(f'sm_{a}a' for a in built) or 'no'} kernels"
+    if (major, minor) in _ARCH_CAPABILITIES.values():  # a family this build lacks
+        return f"{rule}; {holds}: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\""
     if major == 10:
-        return (rule + f"; sm_{major}{minor} is not sm_100 either: sm_100a kernels load on compute capability 10.0 "
-                "only (B200, GB200)")
-    return rule + "; this build has sm_90a kernels only"
+        return f"{rule}; sm_{major}{minor} is not sm_100: sm_100a kernels load on compute capability 10.0 only"
+    return f"{rule}; {holds}"
 
 
 def _check_kernel_device(device):
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index in _devices_checked:
+    if index in _device_families:
         return
     major, minor = torch.cuda.get_device_capability(index)
-    if (major, minor) not in _KERNEL_CAPABILITIES:
+    archs = _ops.kernel_archs()
+    family = next((a for a in archs if _ARCH_CAPABILITIES.get(a) == (major, minor)), None)
+    if family is None:
         raise ValueError(f"x.device = {device} (sm_{major}{minor}) breaks the rule: "
-                         + _kernel_device_rule(major, minor))
-    _devices_checked.add(index)
+                         + _kernel_device_rule(major, minor, archs))
+    _device_families[index] = family
+
+
+def _on_blackwell(device) -> bool:
+    """Whether a CUDA device runs the sm_100a kernels (compute capability 10.0)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    family = _device_families.get(index)
+    return family == 100 if family is not None else torch.cuda.get_device_capability(index) == (10, 0)
 
 
 def _check_kernel_top_k(name, top_k, num_tokens):
@@ -244,7 +252,9 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
         if need_w2:
             dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows, sm_margin=sm_margin,
                               rows_past_end_zeroed=True)
-        if need_w1 and _dw1_on_k7(w2.shape[2]):
+        # On Blackwell torch._grouped_mm leaves an empty group's gradient unwritten
+        # (pytorch/pytorch#172439): dW1 always on K7 there.
+        if need_w1 and (_dw1_on_k7(w2.shape[2]) or _on_blackwell(x.device)):
             dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows, sm_margin=sm_margin,
                               rows_past_end_zeroed=True)
         elif need_w1:  # a gathered copy of x
@@ -524,6 +534,11 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         if not _kernel_path(x.reshape(-1, d), w1, w2):
             out = reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule, activation=activation)
             return result(out, F.linear(x.reshape(-1, d), router_weight) if return_router_logits else None)
+        # Compiled calls skip the device check (_kernel_path): there grouped_gemm's own check refuses it.
+        if not torch.compiler.is_compiling() and _on_blackwell(x.device):
+            raise ValueError("routing = 'token_rounding' breaks the rule: not on Blackwell (sm_100) yet: its buffers "
+                             "end early (partial_rows), which K2's and K6's sm100 kernels (CUTLASS's ptr-array "
+                             "grouped GEMM) do not take; the top-K modes run there")
         x2 = _token_rows(x, d)
         logits = F.linear(x2, router_weight)
         probs, probs_t, assigned_t = token_rounding_expert_major(logits, top_k, tile, rule, fp32_probs=True)

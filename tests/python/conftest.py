@@ -44,8 +44,7 @@ requires_hopper = pytest.mark.skipif(HOPPER_SKIP_REASON is not None, reason=HOPP
 
 def _blackwell_reason():
     """A B200 / GB200 (compute capability 10.0: the one sm_100a loads on) and a build holding
-    sm_100a kernels (SONICMOE_CUDA_ARCHS="90a;100a"); only grouped_gemm (NK and KN), up_proj and
-    down_proj_grad run there so far."""
+    sm_100a kernels (SONICMOE_CUDA_ARCHS="90a;100a")."""
     if not sonicmoe.extension_available():
         return "sonicmoe._C is not built (python setup.py build_ext --inplace)"
     if not torch.cuda.is_available():
@@ -60,6 +59,17 @@ def _blackwell_reason():
 
 BLACKWELL_SKIP_REASON = _blackwell_reason()
 requires_blackwell = pytest.mark.skipif(BLACKWELL_SKIP_REASON is not None, reason=BLACKWELL_SKIP_REASON or "")
+ON_BLACKWELL = BLACKWELL_SKIP_REASON is None
+# The GPUs the layer runs on: a Hopper, or a Blackwell with a build holding sm_100a kernels.
+KERNEL_GPU_SKIP_REASON = None if ON_BLACKWELL else HOPPER_SKIP_REASON
+requires_kernel_gpu = pytest.mark.skipif(KERNEL_GPU_SKIP_REASON is not None, reason=KERNEL_GPU_SKIP_REASON or "")
+
+
+def skip_token_rounding_on_blackwell(routing):
+    """The layer refuses token rounding on Blackwell (its partial rows: K2's and K6's sm100 kernels
+    take none); test_moe checks the refusal there."""
+    if ON_BLACKWELL and routing == "token_rounding":
+        pytest.skip("token rounding is refused on Blackwell (sm_100) so far")
 requires_extension = pytest.mark.skipif(
     not sonicmoe.extension_available(),
     reason="sonicmoe._C is not built (python setup.py build_ext --inplace)",
