@@ -138,7 +138,8 @@ struct GatheredVarlenProblem : VarlenProblem {
 // All tensors are row-major and contiguous; bf16 in, fp32 accumulate, bf16 out.
 // config: any GemmTileConfig (b_layout kKN and partial_rows: kAuto or a varlen one). On an
 // sm_100 GPU (cc 10.0, a build with 100a; either b_layout, kKN with or without the addend): kAuto
-// only, no partial_rows, and kAuto picks an sm100 kernel by sm100/heuristics.h.
+// only, and kAuto picks an sm100 kernel by sm100/heuristics.h (partial_rows: the rows past
+// expert_offsets[E] belong to no group of its ptr-array kernel).
 struct GroupedGemmParams : VarlenProblem {
   const void* a = nullptr;                  // (m_total, k) bf16, rows sorted by expert
   const void* b = nullptr;                  // (num_experts, n_out, k) bf16 (the w2 layout)

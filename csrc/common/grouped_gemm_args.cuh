@@ -2,7 +2,9 @@
 //
 // One thread per expert turns the row range [offsets[e], offsets[e+1]) into a problem shape,
 // operand pointers and packed strides, so the host never reads routing data (no sync, CUDA-graph
-// capturable). The persistent tile scheduler then reads the shapes on the device.
+// capturable). The persistent tile scheduler then reads the shapes on the device. Where rows end
+// early (partial_rows: offsets[E] <= m_total) the rows past offsets[E] belong to no expert, so they
+// are neither read nor written.
 //
 // B's layout is in StrideB: b[e] starts at e * n_out * k either way, and the packed stride of the
 // (n_out, k) problem is K-contiguous for the (E, n_out, k) weight (ColumnMajor B, K2) and
@@ -35,7 +37,8 @@ struct GroupedGemmDeviceArgs {
 
 template <class Args, class ElementA, class ElementB, class ElementOut>
 __global__ void build_grouped_gemm_args_kernel(Args args, const int32_t* __restrict__ expert_offsets,
-                                               int num_experts, int m_total, int n_out, int k,
+                                               int num_experts, int m_total, bool rows_end_early,
+                                               int n_out, int k,
                                                const ElementA* a, const ElementB* b,
                                                ElementOut* out, const float* addend_scale,
                                                const ElementOut* addend_rows) {
@@ -49,12 +52,12 @@ __global__ void build_grouped_gemm_args_kernel(Args args, const int32_t* __restr
   const int begin = expert_offsets[e];
   const int end = expert_offsets[e + 1];
   const bool valid = begin >= 0 && begin <= end && end <= m_total && (e > 0 || begin == 0) &&
-                     (e + 1 < num_experts || end == m_total);
+                     (e + 1 < num_experts || end == m_total || rows_end_early);
   if (!valid) {
     // Reading past a, b or out would corrupt memory: stop loudly instead.
     printf("sonicmoe grouped_gemm: expert_offsets[%d:%d] = (%d, %d) breaks the rule "
-           "0 = offsets[0] <= ... <= offsets[E] = m_total = %d\n",
-           e, e + 2, begin, end, m_total);
+           "0 = offsets[0] <= ... <= offsets[E] %s m_total = %d\n",
+           e, e + 2, begin, end, rows_end_early ? "<=" : "=", m_total);
     __trap();
   }
   const int m = end - begin;

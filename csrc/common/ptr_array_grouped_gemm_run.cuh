@@ -69,7 +69,7 @@ Status run_ptr_array_grouped_gemm(const GroupedGemmParams& p, const char* op) {
 
   constexpr int kThreads = 128;
   build_grouped_gemm_args_kernel<<<(p.num_experts + kThreads - 1) / kThreads, kThreads, 0, p.stream>>>(
-      dev, p.expert_offsets, p.num_experts, static_cast<int>(p.m_total), static_cast<int>(p.n_out),
+      dev, p.expert_offsets, p.num_experts, static_cast<int>(p.m_total), p.partial_rows, static_cast<int>(p.n_out),
       static_cast<int>(p.k), static_cast<const Element*>(p.a), static_cast<const Element*>(p.b),
       static_cast<Element*>(p.out), p.addend_scale, static_cast<const Element*>(p.addend_rows));
   SONICMOE_CUDA_TRY(cudaGetLastError());

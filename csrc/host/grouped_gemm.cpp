@@ -203,13 +203,7 @@ Status run_grouped_gemm_sm100(const GroupedGemmParams& params) {
 // the epilogue): its kernels are CUTLASS's ptr-array grouped GEMM, chosen by rule, and no
 // GemmTileConfig names them.
 std::string sm100::check_grouped_gemm(const GroupedGemmParams& p) {
-  std::string problem = sm100_auto_config_only("grouped_gemm", p.config, sm100::kGroupedGemmRule);
-  if (!problem.empty()) return problem;
-  if (p.partial_rows)
-    return value_rule("partial_rows", 1,
-                      "must be false on an sm_100 GPU: its ptr-array kernel needs expert_offsets[E] = m_total "
-                      "(partial rows run on the sm90 varlen kernels only)");
-  return {};
+  return sm100_auto_config_only("grouped_gemm", p.config, sm100::kGroupedGemmRule);
 }
 
 std::string check_grouped_gemm(const GroupedGemmParams& p) {

@@ -37,7 +37,7 @@ constexpr const char* gemm_config_name(GemmConfig config) {
 }
 
 // The rules sm100 adds to sonicmoe::check_grouped_gemm's, for either b_layout on an sm_100 GPU
-// (config auto only, no partial_rows); "" when they hold. Defined in host/grouped_gemm.cpp.
+// (config auto only); "" when they hold. Defined in host/grouped_gemm.cpp.
 std::string check_grouped_gemm(const GroupedGemmParams& params);
 
 // One kernel per configuration, B layout (kNK: K2, kKN: K6) and, for kKN, with or without the

@@ -66,8 +66,7 @@ KERNEL_DEVICE_TYPES = {"cuda"}
 
 def kernel_archs() -> tuple[int, ...]:
     """The kernel archs of the built extension (SONICMOE_CUDA_ARCHS): 90 for sm_90a, 100 for
-    sm_100a; () without the extension. sm_100a holds grouped_gemm, grouped_gemm_kn, up_proj,
-    down_proj_grad and weight_grad only so far."""
+    sm_100a; () without the extension. Either holds every op."""
     return tuple(torch.ops.sonicmoe.kernel_archs()) if _C is not None else ()
 
 
@@ -94,7 +93,7 @@ def grouped_gemm(
     expert_offsets: (E+1,) int32 on the device. Returns (M_total, n_out) bf16.
     partial_rows: expert_offsets[E] may stop short of M_total (rows past it are not written).
     On a Blackwell sm_100 GPU (a build with SONICMOE_CUDA_ARCHS="90a;100a"): tile_config "auto"
-    only, no partial_rows (CUTLASS's sm100 ptr-array kernel, chosen by rule).
+    only (CUTLASS's sm100 ptr-array kernel, chosen by rule; partial_rows too).
     """
     _require_extension()
     return torch.ops.sonicmoe.grouped_gemm(a, b, expert_offsets, _tile_config_number(tile_config), partial_rows)
@@ -115,7 +114,7 @@ def grouped_gemm_kn(a: torch.Tensor, b: torch.Tensor, expert_offsets: torch.Tens
     With addend_scale (M,) fp32 and addend_rows (E, n_out) bf16 (both or neither), out[r] +=
     addend_scale[r] * addend_rows[e] in fp32 before the one rounding: the router's part of dx where
     d_logits is zero off the chosen experts (router_backward_rows' d_logit_rows, router_weight).
-    On a Blackwell sm_100 GPU: as grouped_gemm there (tile_config "auto" only, no partial_rows), the
+    On a Blackwell sm_100 GPU: as grouped_gemm there (tile_config "auto" only, partial_rows too), the
     addend included (fused in the epilogue of CUTLASS's sm100 ptr-array kernel)."""
     _require_extension()
     return torch.ops.sonicmoe.grouped_gemm_kn(a, b, expert_offsets, partial_rows, _tile_config_number(tile_config),

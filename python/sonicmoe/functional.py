@@ -534,11 +534,6 @@ def moe(x, router_weight, w1, w2, top_k, *, routing="topk_softmax", tile=128, ru
         if not _kernel_path(x.reshape(-1, d), w1, w2):
             out = reference.moe(x, router_weight, w1, w2, top_k, routing, tile=tile, rule=rule, activation=activation)
             return result(out, F.linear(x.reshape(-1, d), router_weight) if return_router_logits else None)
-        # Compiled calls skip the device check (_kernel_path): there grouped_gemm's own check refuses it.
-        if not torch.compiler.is_compiling() and _on_blackwell(x.device):
-            raise ValueError("routing = 'token_rounding' breaks the rule: not on Blackwell (sm_100) yet: its buffers "
-                             "end early (partial_rows), which K2's and K6's sm100 kernels (CUTLASS's ptr-array "
-                             "grouped GEMM) do not take; the top-K modes run there")
         x2 = _token_rows(x, d)
         logits = F.linear(x2, router_weight)
         probs, probs_t, assigned_t = token_rounding_expert_major(logits, top_k, tile, rule, fp32_probs=True)

@@ -64,12 +64,6 @@ ON_BLACKWELL = BLACKWELL_SKIP_REASON is None
 KERNEL_GPU_SKIP_REASON = None if ON_BLACKWELL else HOPPER_SKIP_REASON
 requires_kernel_gpu = pytest.mark.skipif(KERNEL_GPU_SKIP_REASON is not None, reason=KERNEL_GPU_SKIP_REASON or "")
 
-
-def skip_token_rounding_on_blackwell(routing):
-    """The layer refuses token rounding on Blackwell (its partial rows: K2's and K6's sm100 kernels
-    take none); test_moe checks the refusal there."""
-    if ON_BLACKWELL and routing == "token_rounding":
-        pytest.skip("token rounding is refused on Blackwell (sm_100) so far")
 requires_extension = pytest.mark.skipif(
     not sonicmoe.extension_available(),
     reason="sonicmoe._C is not built (python setup.py build_ext --inplace)",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sonicmoe
-from conftest import requires_extension, requires_hopper
+from conftest import requires_extension, requires_kernel_gpu
 from sonicmoe.routing import routing_metadata
 
 
@@ -70,7 +70,7 @@ def test_combine_rejects(name, mutate, exc, message):
 GPU_SHAPES = [(1, 1, 1, 8), (7, 8, 2, 64), (1000, 128, 8, 1536), (333, 64, 8, 2048), (257, 256, 16, 7168),
               (100, 40, 32, 256), (64, 16, 3, 2056), (200, 64, 12, 520), (150, 64, 13, 776)]
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("T,E,K,d", GPU_SHAPES)
 def test_combine_matches_reference(T, E, K, d):
     y, scores, rev_idx = make_inputs(T, E, K, d, "cuda", generator("cuda", T, E, K, d))
@@ -82,7 +82,7 @@ def test_combine_matches_reference(T, E, K, d):
     assert float((out.double() - ref).norm() / ref.norm()) <= 1e-2
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_combine_is_deterministic():
     y, scores, rev_idx = make_inputs(4096, 64, 8, 1024, "cuda", generator("cuda", "det"))
     first = sonicmoe.combine(y, scores, rev_idx)
@@ -90,7 +90,7 @@ def test_combine_is_deterministic():
         assert torch.equal(sonicmoe.combine(y, scores, rev_idx), first)
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_combine_empty_and_opcheck_and_graph():
     y, scores, rev_idx = make_inputs(50, 8, 2, 128, "cuda", generator("cuda", "misc"))
     assert sonicmoe.combine(y[:0], scores[:0], rev_idx[:0]).shape == (0, 128)
@@ -124,7 +124,7 @@ def test_combine_csr_rejects(args, exc, message):
         torch.ops.sonicmoe.combine_csr(*args)
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("T,rows,max_per_token,d", [(0, 5, 3, 64), (1, 10, 40, 128), (1000, 5000, 12, 1536),
                                                     (333, 2000, 70, 264)])
 def test_combine_csr_matches_torch(T, rows, max_per_token, d):
@@ -194,7 +194,7 @@ def test_combine_dx_rejects(name, mutate, exc, message):
         torch.ops.sonicmoe.combine_dx(*mutate(*valid_dx_cpu()))
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("addend", [True, False], ids=["addend", "rows_only"])
 @pytest.mark.parametrize("T,E,K,d", GPU_SHAPES)
 def test_combine_dx_matches_reference(T, E, K, d, addend):
@@ -208,7 +208,7 @@ def test_combine_dx_matches_reference(T, E, K, d, addend):
     assert bool(((out.double() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-6).all())
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_combine_dx_is_deterministic_and_unit_weighted():
     dx_rows, rev_idx, part = dx_inputs(4096, 64, 8, 1024, "cuda", generator("cuda", "dx_det"))
     first = sonicmoe.combine_dx(dx_rows, rev_idx, part)
@@ -219,7 +219,7 @@ def test_combine_dx_is_deterministic_and_unit_weighted():
     assert torch.equal(sonicmoe.combine_dx(dx_rows, rev_idx), sonicmoe.combine(dx_rows, ones, rev_idx))
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_combine_dx_empty_and_opcheck_and_graph():
     dx_rows, rev_idx, part = dx_inputs(50, 8, 2, 128, "cuda", generator("cuda", "dx_misc"))
     assert sonicmoe.combine_dx(dx_rows[:0], rev_idx[:0], part[:0]).shape == (0, 128)

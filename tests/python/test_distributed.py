@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import sonicmoe
-from conftest import HOPPER_SKIP_REASON, requires_extension, requires_hopper
+from conftest import KERNEL_GPU_SKIP_REASON, requires_extension, requires_kernel_gpu
 from sonicmoe.parallel import _GatherRows, _SumRows
 
 D, N, E, K = 32, 16, 8, 2
@@ -675,9 +675,9 @@ def _gpu_worker(rank, world, port, names, out_dir):
     dist.destroy_process_group()
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_one_gpu_nccl_kernels():
-    assert HOPPER_SKIP_REASON is None
+    assert KERNEL_GPU_SKIP_REASON is None
     failures = spawn(1, ["gpu"], target=_gpu_worker, deadline=300)["gpu"]
     assert not failures, "\n".join(failures)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sonicmoe
-from conftest import requires_blackwell, requires_kernel_gpu, skip_token_rounding_on_blackwell
+from conftest import requires_kernel_gpu
 from sonicmoe import reference
 
 ANCHORS = {  # (d, n, E, K) of benchmarks/anchors, run at reduced T
@@ -230,18 +230,6 @@ def test_a_gpu_this_build_has_no_kernels_for_is_refused_before_any_launch(monkey
         assert sonicmoe.functional._device_families == passing
 
 
-def test_token_rounding_is_refused_on_blackwell_before_routing(monkeypatch):
-    # K2's and K6's sm100 kernels take no partial rows, which token rounding's buffers have: the
-    # layer refuses it on a (stand-in) B200 at its entry, before the router's GEMM or any op.
-    monkeypatch.setattr(sonicmoe.functional, "_kernel_path", lambda x, w1, w2: True)
-    monkeypatch.setattr(sonicmoe.functional, "_on_blackwell", lambda device: True)
-    monkeypatch.setattr(sonicmoe.functional, "token_rounding_expert_major",
-                        lambda *args, **kw: pytest.fail("routed past the refusal"))
-    x, router, w1, w2 = make_layer(64, 32, 16, 4, "cpu", generator("cpu", "tr-blackwell"))
-    with pytest.raises(ValueError, match=re.escape("routing = 'token_rounding' breaks the rule: not on Blackwell")):
-        sonicmoe.moe(x, router, w1, w2, 2, routing="token_rounding")
-
-
 # ------------------------------------------------------------------ GPU
 
 def check_routed(T, d, n, E, K, key, experts=None, grads=True, activation="swiglu"):
@@ -267,14 +255,6 @@ def check_routed(T, d, n, E, K, key, experts=None, grads=True, activation="swigl
             assert rel(mine.grad, theirs.grad) <= 1e-2, f"grad {name}: {rel(mine.grad, theirs.grad):.3e}"
 
 
-@requires_blackwell
-def test_token_rounding_is_refused_on_a_blackwell_gpu():
-    gen = generator("cuda", "tr-refused")
-    x, router, w1, w2 = make_layer(256, 128, 64, 8, "cuda", gen)
-    with pytest.raises(ValueError, match=re.escape("routing = 'token_rounding' breaks the rule: not on Blackwell")):
-        sonicmoe.moe(x, router, w1, w2, 2, routing="token_rounding")
-
-
 @requires_kernel_gpu
 @pytest.mark.parametrize("T", [0, 1, 7, 1000])
 @pytest.mark.parametrize("E,K", [(1, 1), (8, 2), (128, 8), (256, 16)])
@@ -296,7 +276,6 @@ def test_moe_routed_forward_backward_other_activations(T, d, n, E, K, activation
 @pytest.mark.parametrize("activation", ["geglu", "reglu"])
 @pytest.mark.parametrize("routing", ["softmax_topk", "softmax_topk_norm", "token_rounding"])
 def test_every_gradient_of_the_layer_other_activations(routing, activation):
-    skip_token_rounding_on_blackwell(routing)
     # sonicmoe.moe with GeGLU / ReGLU experts: _MoELayer (softmax_topk: the dense router GEMM;
     # softmax_topk_norm: the router's part of dx in K6) and token rounding's _MoEDenseExperts,
     # forward and every gradient against float64 autograd of the reference, the layer's routing.
@@ -380,7 +359,6 @@ def test_anchor_configs_forward_at_reduced_T(name):
 @requires_kernel_gpu
 @pytest.mark.parametrize("routing", reference.ROUTING_MODES)
 def test_moe_every_routing_mode(routing):
-    skip_token_rounding_on_blackwell(routing)
     gen = generator("cuda", "moe", routing)
     x, router, w1, w2 = make_layer(512, 256, 128, 32, "cuda", gen)
     x = x.view(4, 128, 256)
@@ -514,7 +492,6 @@ def test_tail_beside_the_weight_gradients_gives_the_same_bits(monkeypatch, layer
 @requires_kernel_gpu
 @pytest.mark.parametrize("entry", ["moe", "token_rounding", "moe_routed", "module"])
 def test_autocast_runs_fp32_parameters_with_the_bf16_layers_bits(entry):
-    skip_token_rounding_on_blackwell(entry)
     # The AMP recipe: fp32 parameters and an fp32 residual stream under autocast(bfloat16). The
     # layer casts at its entry (as nn.Linear does), so its output is the bf16 layer's, bit for bit,
     # and each fp32 gradient is the bf16 layer's gradient cast (deterministic kernels).
@@ -644,7 +621,6 @@ def training_step_leaves(routing, key):
 @requires_kernel_gpu
 @pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
 def test_training_step_captures_in_a_cuda_graph(routing):
-    skip_token_rounding_on_blackwell(routing)
     # docs/design.md §4: no host sync in forward or backward, so a whole training step (forward, backward,
     # the gradients; the tail's second stream included) captures in one CUDA graph. Replayed on
     # new x, it gives eager's bits on that x.
@@ -674,7 +650,6 @@ def test_training_step_captures_in_a_cuda_graph(routing):
 @requires_kernel_gpu
 @pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
 def test_activation_checkpointing_gives_the_same_gradients(routing):
-    skip_token_rounding_on_blackwell(routing)
     # torch.utils.checkpoint (non-reentrant) drops what the layer saves and runs its forward again
     # in backward: the same routing and H, so the same gradients, bit for bit.
     step, leaves, grad = training_step_leaves(routing, ("checkpoint", routing))
@@ -777,7 +752,6 @@ def test_backward_saves_only_x_h_scores_and_metadata():
 @pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
 @pytest.mark.parametrize("activation", ["swiglu", "geglu"])
 def test_torch_compile_fullgraph_forward_and_backward(routing, activation):
-    skip_token_rounding_on_blackwell(routing)
     # The layer traces into one graph (no host sync, every op has a fake) and its compiled
     # forward and backward match eager, in both layer paths (token rounding's dense one too:
     # there Inductor once gave every score gradient to the next expert), the activation a
@@ -820,7 +794,6 @@ def test_torch_compile_fullgraph_under_autocast_with_fp32_parameters():
 @requires_kernel_gpu
 @pytest.mark.parametrize("routing", ["topk_softmax", "token_rounding"])
 def test_torch_compile_dynamic_tokens_one_graph(routing):
-    skip_token_rounding_on_blackwell(routing)
     # One graph for every token count (T dynamic: nothing specialises on it; token rounding's
     # row bound reaches dense_layout as a SymInt), and it matches eager at each. Token rounding
     # rounds up to tile = 1024 >= T: every chosen expert takes all T tokens, no ranking (see above).

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sonicmoe
-from conftest import requires_extension, requires_hopper
+from conftest import requires_extension, requires_kernel_gpu
 from sonicmoe._ops import ROUTER_MODES
 from sonicmoe.functional import router_scores_backward
 from sonicmoe.routing import routing_metadata, scores_from_logits
@@ -73,7 +73,7 @@ def test_routing_metadata_rejects(args, message):
         torch.ops.sonicmoe.routing_metadata(*args)
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("routing", ROUTINGS)
 # E covers every slot count the kernel is instantiated for (1, 2, 4, 8, 16 and 32 logits per lane).
 @pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 1), (1000, 128, 8), (777, 256, 8), (300, 1024, 32),
@@ -94,7 +94,7 @@ def test_router_topk_matches_torch(routing, T, E, K):
     torch.testing.assert_close(bf16_scores, want_scores, rtol=1e-5, atol=1e-6)
 
 
-@requires_hopper
+@requires_kernel_gpu
 # 40000 tokens: 1250 chunks, more than one pass of the per-expert chunk scan.
 @pytest.mark.parametrize("T,E,K,skew", [(0, 8, 2, False), (1, 4, 1, False), (1000, 128, 8, False),
                                         (4097, 256, 8, True), (333, 1024, 32, False), (64, 7, 7, False),
@@ -113,7 +113,7 @@ def test_routing_metadata_matches_torch(T, E, K, skew, index_dtype):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_routing_is_capturable_and_deterministic():
     E, K = 64, 4
     logits = torch.randn(2000, E, device="cuda")
@@ -133,7 +133,7 @@ def test_routing_is_capturable_and_deterministic():
     assert torch.equal(meta.gather_idx, routing_metadata(experts, E).gather_idx)
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_opcheck():
     logits = torch.randn(100, 16, device="cuda")
     torch.library.opcheck(torch.ops.sonicmoe.router_topk, (logits, 4, 1))
@@ -141,7 +141,7 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.sonicmoe.routing_metadata, (experts, 16))
 
 
-@requires_hopper
+@requires_kernel_gpu
 # E covers every slot count (1 to 32 logits per lane) and an odd one; T a partial last block of 32.
 @pytest.mark.parametrize("T,E,K", [(0, 8, 2), (1, 8, 1), (33, 33, 5), (1000, 64, 8), (777, 128, 8),
                                    (300, 256, 8), (260, 512, 8), (95, 1024, 32), (64, 1, 1)])
@@ -163,7 +163,7 @@ def test_rounding_probs_matches_torch(T, E, K, dtype):
     assert lean.shape == (0, E) and torch.equal(lean_t, probs_t) and torch.equal(lean_chosen_t, chosen_t)
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_token_rounding_probabilities_backward_matches_the_softmax(dtype):
     # The kernel path's probs carry the softmax's gradient to the logits (fp32 math; bf16 logits
@@ -186,7 +186,7 @@ def test_token_rounding_probabilities_backward_matches_the_softmax(dtype):
     assert torch.equal(again, assigned_t)
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_rounding_probs_opcheck():
     logits = torch.randn(100, 16, device="cuda")
     torch.library.opcheck(torch.ops.sonicmoe.rounding_probs, (logits, 4, True))
@@ -234,7 +234,7 @@ def test_router_backward_rejects(name, mutate, message):
         torch.ops.sonicmoe.router_backward(*mutate(*inputs))
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("T,E,K,slots", [(1, 8, 1, 1), (7, 8, 2, 2), (1000, 64, 8, 8), (333, 128, 8, 4),
                                          (257, 256, 8, 16), (100, 1024, 32, 12), (50, 40, 6, 3)])
@@ -269,7 +269,7 @@ def test_router_backward_rows_rejects(mode, message):
         torch.ops.sonicmoe.router_backward_rows(p, r, s, e, 8, mode)
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk_norm"])
 @pytest.mark.parametrize("T,E,K,slots", [(1, 8, 1, 1), (1000, 64, 8, 8), (257, 256, 8, 16), (100, 1024, 32, 12)])
 def test_router_backward_rows_matches_torch(routing, T, E, K, slots):
@@ -293,7 +293,7 @@ def test_router_backward_rows_matches_torch(routing, T, E, K, slots):
                           (d_score_partial, rev_idx, scores, experts, E, ROUTER_MODES[routing]))
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_router_backward_opcheck_and_graph():
     gen = torch.Generator(device="cuda").manual_seed(5)
     inputs = router_backward_inputs(64, 16, 4, "softmax_topk", "cuda", gen)

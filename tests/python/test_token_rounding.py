@@ -144,7 +144,7 @@ def test_cuda_graph_capture_proves_no_host_sync():
 
 # ---------------------------------------------------------------- the kernel path (GPU)
 
-from conftest import requires_hopper  # noqa: E402
+from conftest import requires_kernel_gpu  # noqa: E402
 
 # d 4096, n 256: K1 and K4 on the clustered wide tile over upper-bound buffers (auto at d >= 3072).
 KERNEL_CASES = [(1000, 256, 128, 16, 2, 128, "nearest"), (4096, 512, 256, 64, 8, 128, "up"),
@@ -152,7 +152,7 @@ KERNEL_CASES = [(1000, 256, 128, 16, 2, 128, "nearest"), (4096, 512, 256, 64, 8,
                 (700, 4096, 256, 16, 2, 128, "nearest")]
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("T,d,n,E,K,tile,rule", KERNEL_CASES)
 def test_moe_token_rounding_on_the_kernels(T, d, n, E, K, tile, rule):
     from sonicmoe.routing import dense_routing_metadata, dense_row_bound
@@ -175,7 +175,7 @@ def test_moe_token_rounding_on_the_kernels(T, d, n, E, K, tile, rule):
     assert int(meta.expert_offsets[-1]) == int(assigned.sum())
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_token_rounding_forward_captures_in_a_cuda_graph():
     x = torch.randn(2048, 256, device="cuda").bfloat16()
     router = (torch.randn(32, 256, device="cuda") * 0.06).bfloat16()
@@ -194,7 +194,7 @@ def test_token_rounding_forward_captures_in_a_cuda_graph():
     assert torch.equal(out, again)
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("T,d,n,E,K,tile,rule", KERNEL_CASES)
 @pytest.mark.parametrize("full_probs", [False, True])
 def test_token_rounding_backward_on_the_kernels(T, d, n, E, K, tile, rule, full_probs):
@@ -234,7 +234,7 @@ def test_token_rounding_backward_on_the_kernels(T, d, n, E, K, tile, rule, full_
     assert not leaves[1].grad[idle].any() and not leaves[2].grad[idle].any()
 
 
-@requires_hopper
+@requires_kernel_gpu
 def test_token_rounding_layer_trains_on_the_kernels():
     # Through sonicmoe.moe: the router, x and the weights all get finite, nonzero gradients.
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -248,7 +248,7 @@ def test_token_rounding_layer_trains_on_the_kernels():
         assert torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0, name
 
 
-@requires_hopper
+@requires_kernel_gpu
 @pytest.mark.parametrize("rule", [0, 1, 2])
 def test_assign_kernel_on_unaligned_rows_matches_the_aligned(rule):
     # token_rounding_assign reads 4-token chunks when T % 4 == 0 and its rows are aligned; a

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import requires_hopper
+from conftest import requires_kernel_gpu
 
 try:
     import transformers
@@ -355,7 +355,7 @@ def _pin_routing(model, decisions):
     return [m.register_forward_hook(hook) for name, m in model.named_modules() if name.endswith("mlp.gate")]
 
 
-@requires_hopper
+@requires_kernel_gpu
 @requires_transformers
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
 def test_kernels_bf16_against_fp32(family, fp32_matmul_reference):
