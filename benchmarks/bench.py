@@ -937,7 +937,8 @@ def main():
         parser.error(f"--parts: unknown {sorted(parts - known)}; the tables' columns are {sorted(known)}")
 
     if not (torch.cuda.is_available() and sonicmoe.extension_available()):
-        sys.exit("bench.py needs a Hopper GPU and the built extension (python setup.py build_ext --inplace)")
+        sys.exit("bench.py needs a Hopper or Blackwell (B200) GPU and the built extension (python setup.py "
+                 "build_ext --inplace)")
     anchors_path, anchors, configs = load_anchors()
     names = [c for c in args.configs.split(",") if c] or list(configs)
     tiles = list(sonicmoe.GEMM_TILE_CONFIGS) if args.all_tiles else ["auto"]
