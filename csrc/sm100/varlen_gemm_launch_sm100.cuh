@@ -71,11 +71,7 @@ Status run_up_proj_act(const UpProjParams& p) {
   using Mainloop = UpProjMainloop<kConfig>;
   using Kernel = VarlenGatherGemmKernel<Mainloop, GluEpilogue<Mainloop::kTileN, kAct>>;
   typename Kernel::Params params{};
-  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
-  set_gathered_a(params.mainloop, p.x, p.gather_idx, p.num_tokens, p.d);
-  params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
-  params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
-  params.epilogue.n = static_cast<int>(p.n);
+  SONICMOE_TRY(set_up_proj_operands<Mainloop>(params, p));
   return launch_varlen_gather<Kernel>(params, p);
 }
 
@@ -95,10 +91,8 @@ Status run_down_proj_grad_act(const DownProjGradParams& p) {
   using Kernel = VarlenGatherGemmKernel<Mainloop, DGluEpilogue<Mainloop::kTileN, kAct>>;
   static_assert(Kernel::Epilogue::kSlotCols == kDownProjGradBlockCols, "d_score_partial slots");
   typename Kernel::Params params{};
-  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w2, p.n, p.d, p.num_experts));
-  set_gathered_a(params.mainloop, p.d_out, p.gather_idx, p.num_tokens, p.d);
+  SONICMOE_TRY(set_down_proj_grad_operands<Mainloop>(params, p));
   params.epilogue.h = static_cast<const cutlass::bfloat16_t*>(p.h);
-  set_dglu_outputs(params.epilogue, p);
   return launch_varlen_gather<Kernel>(params, p);
 }
 

@@ -171,11 +171,7 @@ Status run_up_proj_varlen_act(const UpProjParams& p) {
   constexpr TileStore kStore = gemm_tile_shape(kConfig).pingpong ? TileStore::kStaged : TileStore::kQuadTranspose;
   using Kernel = VarlenGemmKernel<Mainloop, GluEpilogue<Mainloop::kTileM, Mainloop::kTileN, kStore, kAct>>;
   typename Kernel::Params params{};
-  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w1, 2 * p.n, p.d, p.num_experts));
-  set_gathered_a(params.mainloop, p.x, p.gather_idx, p.num_tokens, p.d);
-  params.epilogue.h = static_cast<cutlass::bfloat16_t*>(p.h);
-  params.epilogue.a = static_cast<cutlass::bfloat16_t*>(p.a);
-  params.epilogue.n = static_cast<int>(p.n);
+  SONICMOE_TRY(set_up_proj_operands<Mainloop>(params, p));
   return launch_varlen_gemm<Kernel>(params, p);
 }
 
@@ -209,15 +205,13 @@ Status run_down_proj_grad_varlen_act(const DownProjGradParams& p) {
   static_assert(Kernel::Epilogue::kSlotCols == kDownProjGradBlockCols, "d_score_partial slots");
   using Element = cutlass::bfloat16_t;
   typename Kernel::Params params{};
-  SONICMOE_TRY(make_weight_tensor_map<Mainloop>(&params.mainloop.tma_b, p.w2, p.n, p.d, p.num_experts));
-  set_gathered_a(params.mainloop, p.d_out, p.gather_idx, p.num_tokens, p.d);
+  SONICMOE_TRY(set_down_proj_grad_operands<Mainloop>(params, p));
   if constexpr (kSmemSource) {
     SONICMOE_TRY(make_row_major_tensor_map(&params.epilogue.tma_h, p.h, p.m_total, 2 * p.n,
                                            Kernel::Epilogue::kQuarterCols, Kernel::Epilogue::kRows, "h"));
   } else {
     params.epilogue.h = static_cast<const Element*>(p.h);
   }
-  set_dglu_outputs(params.epilogue, p);
   return launch_varlen_gemm<Kernel>(params, p);
 }
 
