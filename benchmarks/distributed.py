@@ -13,8 +13,11 @@
     plain (the single-GPU layer, no communication), ep (ExpertParallelMoE over all N ranks: E / N
     experts each), fsdp (FSDP2 over N ranks, bf16 compute), fsdp_ep (2-D mesh). At N = 1 "ep" is
     the EP wrapper at ep_size 1 against "plain". Tokens/s per rank (medians over --iters), the
-    peak memory and the memory kept from forward to backward per rank (CUDA only), as a table
-    and as JSON (--out).
+    peak memory and the memory kept from forward to backward per rank, and where the step's time
+    goes: the NCCL kernels of one more (profiled) step, all-to-all (EP's row exchange) and the
+    other collectives (FSDP2's all-gathers and reduce-scatters), as ms and as shares of the median
+    step (CUDA only: kernel time, overlapped with compute or not, so an upper bound on what the
+    communication adds), as a table and as JSON (--out).
 """
 
 from __future__ import annotations
@@ -182,6 +185,28 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+# NCCL's kernels by collective: all_to_all_single runs as grouped send / receive (SendRecv), older
+# NCCL as AllToAll; the rest (AllGather, ReduceScatter, AllReduce, Broadcast) are "other".
+def _nccl_kind(kernel_name):
+    if not kernel_name.startswith("nccl"):
+        return None
+    return "all_to_all" if "SendRecv" in kernel_name or "AllToAll" in kernel_name else "other"
+
+
+def comm_ms(step):
+    """ms of NCCL kernel time in one call of step(), by _nccl_kind (CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    ms = {"all_to_all": 0.0, "other": 0.0}
+    for e in prof.events():
+        kind = _nccl_kind(e.name) if e.device_type == torch.autograd.DeviceType.CUDA else None
+        if kind:
+            ms[kind] += e.device_time / 1e3
+    return ms
+
+
 def throughput(args, mode, mesh, world, device, dtype):
     torch.manual_seed(0)
     base = Stack(args.layers, args.d, args.n, args.experts, args.top_k, args.routing, device, torch.float32)
@@ -217,6 +242,17 @@ def throughput(args, mode, mesh, world, device, dtype):
     if cuda:
         row["peak_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
         row["kept_mem_GiB"] = kept / 2**30
+
+        def step():
+            model(x.clone().requires_grad_()).backward(grad)
+            for p in model.parameters():
+                p.grad = None
+
+        dist.barrier()
+        sync(device)
+        ms = comm_ms(step)
+        row.update({f"{k}_ms_rank0": v for k, v in ms.items()})
+        row.update({f"{k}_share_rank0": v / row["step_ms_rank0"] for k, v in ms.items()})
     return row
 
 
@@ -248,10 +284,14 @@ def main(argv=None):
             cfg = result["config"]
             print(f"T {cfg['tokens']} per rank, d {cfg['d']}, n {cfg['n']}, E {cfg['experts']}, K {cfg['top_k']}, "
                   f"{cfg['layers']} layers, {world} ranks, {dtype}")
-            print(f"{'mode':8s} {'tokens/s/rank':>14s} {'step ms':>9s} {'peak GiB':>9s} {'kept GiB':>9s}")
+            print(f"{'mode':8s} {'tokens/s/rank':>14s} {'step ms':>9s} {'peak GiB':>9s} {'kept GiB':>9s} "
+                  f"{'a2a ms':>8s} {'share':>6s} {'other ms':>9s} {'share':>6s}")
+            nan = float("nan")
             for r in rows:
                 print(f"{r['mode']:8s} {r['tokens_per_s_per_rank']:14.0f} {r['step_ms_rank0']:9.2f} "
-                      f"{r.get('peak_mem_GiB', float('nan')):9.2f} {r.get('kept_mem_GiB', float('nan')):9.2f}")
+                      f"{r.get('peak_mem_GiB', nan):9.2f} {r.get('kept_mem_GiB', nan):9.2f} "
+                      f"{r.get('all_to_all_ms_rank0', nan):8.2f} {r.get('all_to_all_share_rank0', nan):6.1%} "
+                      f"{r.get('other_ms_rank0', nan):9.2f} {r.get('other_share_rank0', nan):6.1%}")
     if rank == 0 and args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     dist.destroy_process_group()

@@ -682,6 +682,23 @@ def test_one_gpu_nccl_kernels():
     assert not failures, "\n".join(failures)
 
 
+def test_benchmark_counts_nccl_kernels_by_collective():
+    # The scaling benchmark's communication share: NCCL's all_to_all_single runs as grouped send /
+    # receive (SendRecv; AllToAll in older NCCL); FSDP2's collectives are the rest.
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "benchmarks", "distributed.py")
+    spec = importlib.util.spec_from_file_location("distributed_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    kind = bench._nccl_kind
+    assert kind("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "all_to_all"
+    assert kind("ncclKernel_AllToAll_RING_LL_Sum_int8_t") == "all_to_all"
+    assert kind("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "other"
+    assert kind("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "other"
+    assert kind("void sonicmoe::combine_kernel<8>(...)") is None
+
+
 def test_benchmark_script_cpu(tmp_path):
     """benchmarks/distributed.py under torchrun, gloo, world 2, tiny config: runs, checks, writes JSON."""
     import subprocess
