@@ -1,4 +1,4 @@
-"""SonicMoE: fast, memory-lean Mixture-of-Experts training kernels for Hopper GPUs.
+"""SonicMoE: fast, memory-lean Mixture-of-Experts training kernels for Hopper and Blackwell GPUs.
 
 Kernels: routing (R), the fused up-projection (K1: gather + grouped GEMM + a gated activation,
 SwiGLU, GeGLU or ReGLU), the grouped GEMMs (K2, K6), combine (K3, K8), the backward through the

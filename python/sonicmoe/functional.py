@@ -1,6 +1,6 @@
 """sonicmoe.moe / sonicmoe.moe_routed: the MoE layer as functions, with autograd.
 
-Forward on a Hopper GPU (bf16): routing metadata on the device, the up-projection with the
+Forward on a Hopper or Blackwell GPU (bf16): routing metadata on the device, the up-projection with the
 x gather and the gated activation (activation=: SwiGLU, GeGLU or ReGLU) fused in (K1), the
 down-projection (K2), combine (K3). No gathered copy of x and no separate activation pass exist,
 and nothing syncs with the host, so the forward can be captured in a CUDA graph.

@@ -14,7 +14,7 @@ The swapped block keeps the model's own router module (`gate`) and runs it as th
 the routing decisions are the model's own (softmax / sigmoid, group-limited top-K, bias, norm,
 scaling), and the router logits reach the model's output recorder (output_router_logits=True,
 the load-balancing loss) through the hooks transformers puts on that module. The experts run on
-sonicmoe.moe_routed (the Hopper kernels for bf16 CUDA tensors, sonicmoe.reference on CPU);
+sonicmoe.moe_routed (the kernels for bf16 CUDA tensors, sonicmoe.reference on CPU);
 gradients flow into the router's scores. Shared experts and their gates stay as they are.
 
 The experts' act_fn picks the gated activation: SiLU runs as SwiGLU, GELU's tanh form
