@@ -109,7 +109,9 @@ def _check_kernel_device(device):
 
 
 def _on_blackwell(device) -> bool:
-    """Whether a CUDA device runs the sm_100a kernels (compute capability 10.0)."""
+    """Whether a device runs the sm_100a kernels (a CUDA device of compute capability 10.0)."""
+    if device.type != "cuda":
+        return False  # the CPU emulation of the kernel path (tests)
     index = device.index if device.index is not None else torch.cuda.current_device()
     family = _device_families.get(index)
     return family == 100 if family is not None else torch.cuda.get_device_capability(index) == (10, 0)
