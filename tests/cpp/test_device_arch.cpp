@@ -50,51 +50,25 @@ TEST(DeviceArch, hopper_runs_sm90_where_built) {
                      "only: rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"");
 }
 
-// K2 (grouped_gemm) and K1 (up_proj) have sm100 kernels: sm100 on a B200 where built, the rebuild
-// named where the family is missing, sm90 on a Hopper, and no sm_103 (B300).
-TEST(DeviceArch, blackwell_runs_grouped_gemm_and_up_proj_on_sm100_where_built) {
-  for (const std::string op : {"grouped_gemm", "up_proj"}) {
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kBoth).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kSm100Only).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 9, 0, kBoth).arch, KernelArch::kSm90);
-    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 3, kBoth).arch, KernelArch::kNone);
-    const auto c = choose_kernel_arch(op.c_str(), 10, 0, kSm90Only);
-    EXPECT_EQ(c.arch, KernelArch::kNone);
-    EXPECT_EQ(c.error, op + ": the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
-                            "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
-  }
-}
-
-// K6 (b_layout KN, the op name run_grouped_gemm and the torch layer give it) has sm100 kernels
-// too: sm100 on a B200 where built, sm90 on a Hopper, the rebuild named where the family is missing.
-TEST(DeviceArch, grouped_gemm_kn_runs_on_either_family_where_built) {
-  for (const char* op : {"grouped_gemm (b_layout KN)", "grouped_gemm_kn"}) {
-    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kBoth).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op, 10, 0, kSm100Only).arch, KernelArch::kSm100);
-    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kBoth).arch, KernelArch::kSm90);
-    EXPECT_EQ(choose_kernel_arch(op, 9, 0, kSm90Only).arch, KernelArch::kSm90);
-    const auto no_sm100 = choose_kernel_arch(op, 10, 0, kSm90Only);
-    EXPECT_EQ(no_sm100.arch, KernelArch::kNone);
-    EXPECT_EQ(no_sm100.error, std::string(op) + ": the GPU is sm_100 (compute capability 10.0) but this build holds "
-                                                "sm_90a kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
-    const auto no_sm90 = choose_kernel_arch(op, 9, 0, kSm100Only);
-    EXPECT_EQ(no_sm90.arch, KernelArch::kNone);
-    EXPECT_TRUE(contains(no_sm90.error, "rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"")) << no_sm90.error;
-    EXPECT_EQ(choose_kernel_arch(op, 10, 3, kBoth).arch, KernelArch::kNone);  // B300: not sm_100a
-  }
-}
-
-// Every op has sm100 kernels now, the plain CUDA ones (routing, combines) included: sm100 on a B200
-// where built, the rebuild named where it is not.
-TEST(DeviceArch, blackwell_runs_every_op_on_sm100_where_built) {
-  for (const std::string op : {"combine", "combine_dx", "routing_metadata", "router_topk", "router_backward",
-                               "token_rounding_assign", "dense_layout", "weight_grad", "down_proj_grad"}) {
+// Every op has kernels for both families (the plain CUDA routing and combines too), so the op
+// only names itself in the message: sm100 on a B200 where built, sm90 on a Hopper, the rebuild
+// named where the GPU's family is missing, and no sm_103 (B300).
+TEST(DeviceArch, every_op_runs_on_either_family_where_built) {
+  for (const std::string op : {"grouped_gemm", "grouped_gemm (b_layout KN)", "grouped_gemm_kn", "up_proj",
+                               "down_proj_grad", "weight_grad", "combine", "combine_dx", "routing_metadata",
+                               "router_topk", "router_backward", "token_rounding_assign", "dense_layout"}) {
     EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kBoth).arch, KernelArch::kSm100) << op;
     EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 0, kSm100Only).arch, KernelArch::kSm100) << op;
-    const auto c = choose_kernel_arch(op.c_str(), 10, 0, kSm90Only);
-    EXPECT_EQ(c.arch, KernelArch::kNone) << op;
-    EXPECT_EQ(c.error, op + ": the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
-                            "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 9, 0, kBoth).arch, KernelArch::kSm90) << op;
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 9, 0, kSm90Only).arch, KernelArch::kSm90) << op;
+    EXPECT_EQ(choose_kernel_arch(op.c_str(), 10, 3, kBoth).arch, KernelArch::kNone) << op;  // B300: not sm_100a
+    const auto no_sm100 = choose_kernel_arch(op.c_str(), 10, 0, kSm90Only);
+    EXPECT_EQ(no_sm100.arch, KernelArch::kNone) << op;
+    EXPECT_EQ(no_sm100.error, op + ": the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
+                                   "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
+    const auto no_sm90 = choose_kernel_arch(op.c_str(), 9, 0, kSm100Only);
+    EXPECT_EQ(no_sm90.arch, KernelArch::kNone) << op;
+    EXPECT_TRUE(contains(no_sm90.error, "rebuild with SONICMOE_CUDA_ARCHS=\"90a\" or \"90a;100a\"")) << no_sm90.error;
   }
 }
 
@@ -273,11 +247,6 @@ TEST(DownProjGradSm100Host, takes_auto_only_and_names_the_rule) {
             "configuration so far");
 }
 
-TEST(DownProjGradSm100Host, blackwell_takes_the_sm100_path) {
-  for (const BuiltArchs built : {kSm100Only, kBoth})
-    EXPECT_EQ(choose_kernel_arch("down_proj_grad", 10, 0, built).arch, KernelArch::kSm100);
-}
-
 // ---------------------------------------------------------------- sm100 weight_grad host rules
 
 // The dense side by TMA wherever every row a 64-row box may reach is written and finite; by the
@@ -333,16 +302,6 @@ TEST(WeightGradSm100Host, takes_auto_only_and_names_the_rule) {
             "weight_grad: config = 8 breaks the rule: must be 0 (auto) on an sm_100 GPU in this build (the other "
             "GemmTileConfigs are sm90 kernels); auto picks 1-SM 128x256x64 with the dense operand by TMA, or by "
             "cp.async where partial_rows is set without rows_past_end_zeroed or m_total is 0");
-}
-
-TEST(WeightGradSm100Host, blackwell_takes_the_sm100_path_hopper_the_sm90_one) {
-  for (const BuiltArchs built : {kSm100Only, kBoth})
-    EXPECT_EQ(choose_kernel_arch("weight_grad", 10, 0, built).arch, KernelArch::kSm100);
-  EXPECT_EQ(choose_kernel_arch("weight_grad", 9, 0, kBoth).arch, KernelArch::kSm90);
-  const auto c = choose_kernel_arch("weight_grad", 10, 0, kSm90Only);
-  EXPECT_EQ(c.arch, KernelArch::kNone);
-  EXPECT_EQ(c.error, "weight_grad: the GPU is sm_100 (compute capability 10.0) but this build holds sm_90a "
-                     "kernels only: rebuild with SONICMOE_CUDA_ARCHS=\"90a;100a\"");
 }
 
 #if SONICMOE_HAS_SM100
