@@ -95,8 +95,13 @@ def _kernel_device_rule(major, minor, archs):
     return f"{rule}; {holds}"
 
 
+def _cuda_index(device):
+    """A CUDA device's index (the current device's where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _check_kernel_device(device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     if index in _device_families:
         return
     major, minor = torch.cuda.get_device_capability(index)
@@ -112,7 +117,7 @@ def _on_blackwell(device) -> bool:
     """Whether a device runs the sm_100a kernels (a CUDA device of compute capability 10.0)."""
     if device.type != "cuda":
         return False  # the CPU emulation of the kernel path (tests)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     family = _device_families.get(index)
     return family == 100 if family is not None else torch.cuda.get_device_capability(index) == (10, 0)
 
@@ -196,7 +201,7 @@ def _tail_beside_weight_grads(x, n, partial_rows) -> bool:
 def _side_streams(device):
     """(K5 / K7's stream, the tail's stream) on device, made once: K5 / K7 at a higher priority,
     so that their CTAs take the SMs first and the tail gets what they leave."""
-    key = device.index if device.index is not None else torch.cuda.current_device()
+    key = _cuda_index(device)
     if key not in _side_streams_by_device:
         _side_streams_by_device[key] = (torch.cuda.Stream(device, priority=-1), torch.cuda.Stream(device, priority=0))
     return _side_streams_by_device[key]
