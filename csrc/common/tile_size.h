@@ -77,4 +77,9 @@ constexpr int64_t varlen_max_tiles(int64_t m_total, int num_experts, int tile_m,
   return ((m_total + tile_m - 1) / tile_m + num_experts) * n_blocks;
 }
 
+// Varlen K (K5, K7): every expert owns a fixed m_out x n_out output, so exactly these tiles.
+constexpr int64_t varlen_k_tiles(int num_experts, int64_t m_out, int tile_m, int64_t n_blocks) {
+  return int64_t(num_experts) * ((m_out + tile_m - 1) / tile_m) * n_blocks;
+}
+
 }  // namespace sonicmoe

@@ -56,9 +56,8 @@ Status launch_varlen_gather(typename Kernel::Params& params, const VarlenProblem
     return Status::success();
   }));
   const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
-  const int64_t m_blocks_k = (params.m_out + Kernel::kTileM - 1) / Kernel::kTileM;  // varlen K: per expert
   const int64_t max_tiles = Kernel::kVarlenK
-                                ? int64_t(problem.num_experts) * m_blocks_k * n_blocks
+                                ? varlen_k_tiles(problem.num_experts, params.m_out, Kernel::kTileM, n_blocks)
                                 : varlen_max_tiles(problem.m_total, problem.num_experts, Kernel::kTileM, n_blocks);
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(problem.sm_count, max_tiles)));
   kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, problem.stream>>>(params);

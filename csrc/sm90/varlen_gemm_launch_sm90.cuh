@@ -109,9 +109,9 @@ Status launch_varlen_gemm(typename Kernel::Params& params, const VarlenProblem& 
 // Varlen K (K5, K7): a fixed m_out x n_out output per expert, params.m_out set by the caller.
 template <class Kernel>
 Status launch_varlen_k_gemm(typename Kernel::Params& params, const VarlenProblem& problem) {
-  const int64_t m_blocks = (params.m_out + Kernel::kTileM - 1) / Kernel::kTileM;
   const int64_t n_blocks = Kernel::Epilogue::n_blocks(params.epilogue);
-  return launch_persistent<Kernel>(params, problem, int64_t(problem.num_experts) * m_blocks * n_blocks);
+  return launch_persistent<Kernel>(params, problem,
+                                   varlen_k_tiles(problem.num_experts, params.m_out, Kernel::kTileM, n_blocks));
 }
 
 // The ping-pong tile shape of the varlen kernels (measured on the H200); K5/K7 use it.
