@@ -168,7 +168,7 @@ def _grad_enabled_for(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _dw1_on_k7(n: int) -> bool:
+def _dw1_on_k7(n: int, device=None) -> bool:
     """Eager dW1 on K7 (K5's 128 x 256 tile with x gathered on its 128-wide side, stored
     transposed) rather than a gathered copy of x + torch._grouped_mm: where n <= 1024, and at
     n >= 2048. Timed as the layer's backward on the H200: K7 ran 1-4% faster at n 512 and 1024
@@ -177,8 +177,9 @@ def _dw1_on_k7(n: int) -> bool:
     (deepseek-v3, 512 rows an expert) K7's TMA stores, which drain behind the next tile, made it
     1% faster. K7 also spares the gathered copy (T K d bf16) at the step's peak. Token rounding's
     buffers take the same rule (there the copy path took 858 µs where K5 + K7 took 490 at T 16384,
-    d 1536, n 256, E 64). docs/performance.md has the table."""
-    return n <= 1024 or n >= 2048
+    d 1536, n 256, E 64). docs/performance.md has the table. On Blackwell (device) always: there
+    torch._grouped_mm leaves an empty group's gradient unwritten (pytorch/pytorch#172439)."""
+    return n <= 1024 or n >= 2048 or (device is not None and _on_blackwell(device))
 
 
 # The backward's tail (K8, R's backward and the router's GEMMs: memory-bound, ~0.45 ms at
@@ -259,9 +260,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
         if need_w2:
             dw2 = weight_grad(d_out, a_scaled, offsets, gather_idx, True, partial_rows, sm_margin=sm_margin,
                               rows_past_end_zeroed=True)
-        # On Blackwell torch._grouped_mm leaves an empty group's gradient unwritten
-        # (pytorch/pytorch#172439): dW1 always on K7 there.
-        if need_w1 and (_dw1_on_k7(w2.shape[2]) or _on_blackwell(x.device)):
+        if need_w1 and _dw1_on_k7(w2.shape[2], x.device):
             dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows, sm_margin=sm_margin,
                               rows_past_end_zeroed=True)
         elif need_w1:  # a gathered copy of x
