@@ -24,6 +24,7 @@ CombineParams combine_shape(const at::Tensor& y, const at::Tensor& scores) {
   return p;
 }
 
+// Every argument, in the order a user would fix it: the devices last (a CPU tensor fails there).
 void check_combine_args(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx) {
   check_dtype(kOp, y, "y", at::kBFloat16);
   check_dtype(kOp, scores, "scores", at::kFloat);
@@ -39,13 +40,13 @@ void check_combine_args(const at::Tensor& y, const at::Tensor& scores, const at:
   check_aligned16(kOp, y, "y");
   const std::string problem = check_combine(combine_shape(y, scores));
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device(kOp, {{&y, "y"}, {&scores, "scores"}, {&rev_idx, "rev_idx"}});
 }
 
 }  // namespace
 
 at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx) {
   check_combine_args(y, scores, rev_idx);
-  check_same_cuda_device(kOp, {{&y, "y"}, {&scores, "scores"}, {&rev_idx, "rev_idx"}});
   const c10::cuda::CUDAGuard guard(y.device());
   at::Tensor out = at::empty({scores.size(0), y.size(1)}, y.options());
   CombineParams p = combine_shape(y, scores);
@@ -60,14 +61,13 @@ at::Tensor combine_cuda(const at::Tensor& y, const at::Tensor& scores, const at:
 }
 
 at::Tensor combine_cpu(const at::Tensor& y, const at::Tensor& scores, const at::Tensor& rev_idx) {
-  check_combine_args(y, scores, rev_idx);
-  // Raises: y is on the CPU.
-  check_same_cuda_device(kOp, {{&y, "y"}, {&scores, "scores"}, {&rev_idx, "rev_idx"}});
+  check_combine_args(y, scores, rev_idx);  // raises: y is on the CPU
   return {};
 }
 
 namespace {
 
+// The same for combine_csr.
 void check_combine_csr_args(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
                             const at::Tensor& token_offsets) {
   constexpr const char* op = "combine_csr";
@@ -94,6 +94,8 @@ void check_combine_csr_args(const at::Tensor& y, const at::Tensor& row_scores, c
   p.num_rows = y.size(0);
   const std::string problem = check_combine_csr(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device(op, {{&y, "y"}, {&row_scores, "row_scores"}, {&rows, "rows"},
+                              {&token_offsets, "token_offsets"}});
 }
 
 }  // namespace
@@ -101,8 +103,6 @@ void check_combine_csr_args(const at::Tensor& y, const at::Tensor& row_scores, c
 at::Tensor combine_csr_cuda(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
                             const at::Tensor& token_offsets) {
   check_combine_csr_args(y, row_scores, rows, token_offsets);
-  check_same_cuda_device("combine_csr", {{&y, "y"}, {&row_scores, "row_scores"}, {&rows, "rows"},
-                                         {&token_offsets, "token_offsets"}});
   const c10::cuda::CUDAGuard guard(y.device());
   at::Tensor out = at::empty({token_offsets.size(0) - 1, y.size(1)}, y.options());
   CombineCsrParams p;
@@ -122,9 +122,7 @@ at::Tensor combine_csr_cuda(const at::Tensor& y, const at::Tensor& row_scores, c
 
 at::Tensor combine_csr_cpu(const at::Tensor& y, const at::Tensor& row_scores, const at::Tensor& rows,
                            const at::Tensor& token_offsets) {
-  check_combine_csr_args(y, row_scores, rows, token_offsets);
-  check_same_cuda_device("combine_csr", {{&y, "y"}, {&row_scores, "row_scores"}, {&rows, "rows"},
-                                         {&token_offsets, "token_offsets"}});  // raises: CPU
+  check_combine_csr_args(y, row_scores, rows, token_offsets);  // raises: CPU
   return {};
 }
 
@@ -132,7 +130,7 @@ namespace {
 
 constexpr const char* kDxOp = "combine_dx";
 
-// combine_dx's arguments; the params (pointers aside) it launches with.
+// combine_dx's arguments, the devices last; the params (pointers aside) it launches with.
 CombineDxParams combine_dx_args(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
                                 const std::optional<at::Tensor>& addend) {
   check_dtype(kDxOp, dx_rows, "dx_rows", at::kBFloat16);
@@ -157,6 +155,11 @@ CombineDxParams combine_dx_args(const at::Tensor& dx_rows, const at::Tensor& rev
   p.num_rows = dx_rows.size(0);
   const std::string problem = check_combine_dx(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  if (addend.has_value()) {
+    check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}, {&*addend, "addend"}});
+  } else {
+    check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}});
+  }
   return p;
 }
 
@@ -165,11 +168,6 @@ CombineDxParams combine_dx_args(const at::Tensor& dx_rows, const at::Tensor& rev
 at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
                            const std::optional<at::Tensor>& addend) {
   CombineDxParams p = combine_dx_args(dx_rows, rev_idx, addend);
-  if (addend.has_value()) {
-    check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}, {&*addend, "addend"}});
-  } else {
-    check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}});
-  }
   const c10::cuda::CUDAGuard guard(dx_rows.device());
   at::Tensor out = at::empty({rev_idx.size(0), dx_rows.size(1)}, dx_rows.options());
   p.dx_rows = dx_rows.data_ptr();
@@ -184,8 +182,7 @@ at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
 
 at::Tensor combine_dx_cpu(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
                           const std::optional<at::Tensor>& addend) {
-  combine_dx_args(dx_rows, rev_idx, addend);
-  check_same_cuda_device(kDxOp, {{&dx_rows, "dx_rows"}, {&rev_idx, "rev_idx"}});  // raises: CPU
+  combine_dx_args(dx_rows, rev_idx, addend);  // raises: CPU
   return {};
 }
 

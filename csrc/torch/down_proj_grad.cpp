@@ -26,6 +26,7 @@ DownProjGradParams down_proj_grad_shape(const at::Tensor& d_out, const at::Tenso
   return p;
 }
 
+// Every argument, in the order a user would fix it: the devices last (a CPU tensor fails there).
 void check_down_proj_grad_args(const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h,
                                const at::Tensor& row_score, const at::Tensor& expert_offsets,
                                const at::Tensor& gather_idx, int64_t tile_config, int64_t activation) {
@@ -63,6 +64,8 @@ void check_down_proj_grad_args(const at::Tensor& d_out, const at::Tensor& w2, co
   shape.activation = activation_arg(kOp, activation);
   const std::string problem = check_down_proj_grad(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
+                               {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
 }
 
 }  // namespace
@@ -72,8 +75,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
     const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config,
     int64_t activation) {
   check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config, activation);
-  check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
-                               {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
   const c10::cuda::CUDAGuard guard(d_out.device());
   DownProjGradParams p = down_proj_grad_shape(d_out, w2, gather_idx);
   p.partial_rows = partial_rows;
@@ -108,9 +109,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cpu(
     const at::Tensor& d_out, const at::Tensor& w2, const at::Tensor& h, const at::Tensor& row_score,
     const at::Tensor& expert_offsets, const at::Tensor& gather_idx, bool partial_rows, int64_t tile_config,
     int64_t activation) {
+  // Raises: d_out is on the CPU.
   check_down_proj_grad_args(d_out, w2, h, row_score, expert_offsets, gather_idx, tile_config, activation);
-  check_same_cuda_device(kOp, {{&d_out, "d_out"}, {&w2, "w2"}, {&h, "h"}, {&row_score, "row_score"},
-                               {&expert_offsets, "expert_offsets"}, {&gather_idx, "gather_idx"}});
   return {};
 }
 

@@ -85,17 +85,24 @@ void check_addend_args(const at::Tensor& a, const at::Tensor& b, const std::opti
   check_aligned16(kOpKn, *addend_rows, "addend_rows");
 }
 
-at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                       int64_t tile_config, WeightLayout layout, bool partial_rows,
-                       const std::optional<at::Tensor>& addend_scale = std::nullopt,
-                       const std::optional<at::Tensor>& addend_rows = std::nullopt) {
+// Every argument of grouped_gemm (NK) or grouped_gemm_kn (KN, with its addend), the devices last (a
+// CPU tensor fails there), each error naming the op called.
+void check_call(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets, int64_t tile_config,
+                WeightLayout layout, bool partial_rows, const std::optional<at::Tensor>& addend_scale,
+                const std::optional<at::Tensor>& addend_rows) {
   check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
-  check_addend_args(a, b, addend_scale, addend_rows);
-  // Both layouts have sm_100a kernels: K2 (NK) and K6 (KN, torch's grouped_gemm_kn, with its addend).
+  check_addend_args(a, b, addend_scale, addend_rows);  // after b's shape is known to be 3-D
   const char* op = layout == WeightLayout::kNK ? kOp : "grouped_gemm_kn";
   check_same_cuda_device(op, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
   if (addend_scale.has_value())
     check_same_cuda_device(op, {{&a, "a"}, {&*addend_scale, "addend_scale"}, {&*addend_rows, "addend_rows"}});
+}
+
+at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
+                       int64_t tile_config, WeightLayout layout, bool partial_rows,
+                       const std::optional<at::Tensor>& addend_scale = std::nullopt,
+                       const std::optional<at::Tensor>& addend_rows = std::nullopt) {
+  check_call(a, b, expert_offsets, tile_config, layout, partial_rows, addend_scale, addend_rows);
   const c10::cuda::CUDAGuard guard(a.device());
   GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
   if (device_arch(a.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
@@ -129,10 +136,7 @@ at::Tensor run_on_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor
                       int64_t tile_config, WeightLayout layout, bool partial_rows,
                       const std::optional<at::Tensor>& addend_scale = std::nullopt,
                       const std::optional<at::Tensor>& addend_rows = std::nullopt) {
-  check_grouped_gemm_args(a, b, expert_offsets, tile_config, layout, partial_rows);
-  check_addend_args(a, b, addend_scale, addend_rows);  // after b's shape is known to be 3-D
-  // Raises: a is on the CPU.
-  check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"}});
+  check_call(a, b, expert_offsets, tile_config, layout, partial_rows, addend_scale, addend_rows);  // raises: CPU
   return {};
 }
 

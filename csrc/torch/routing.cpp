@@ -25,7 +25,8 @@ void check_logits(const char* op, const at::Tensor& logits) {
   check_contiguous(op, logits, "logits");
 }
 
-// router_topk's arguments; the params (pointers aside) it launches with.
+// router_topk's arguments, the device last (a CPU tensor fails there); the params (pointers aside) it
+// launches with.
 RouterTopkParams router_topk_args(const at::Tensor& logits, int64_t top_k, int64_t mode) {
   check_logits("router_topk", logits);
   RouterTopkParams p;
@@ -36,10 +37,11 @@ RouterTopkParams router_topk_args(const at::Tensor& logits, int64_t top_k, int64
   p.mode = int32_arg("router_topk", "mode", mode);
   const std::string problem = check_router_topk(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device("router_topk", {{&logits, "logits"}});
   return p;
 }
 
-// rounding_probs' arguments; the params (pointers aside) it launches with.
+// rounding_probs' arguments, the device last; the params (pointers aside) it launches with.
 RoundingProbsParams rounding_probs_args(const at::Tensor& logits, int64_t top_k) {
   check_logits("rounding_probs", logits);
   RoundingProbsParams p;
@@ -49,10 +51,11 @@ RoundingProbsParams rounding_probs_args(const at::Tensor& logits, int64_t top_k)
   p.top_k = int32_arg("rounding_probs", "top_k", top_k);
   const std::string problem = check_rounding_probs(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device("rounding_probs", {{&logits, "logits"}});
   return p;
 }
 
-// routing_metadata's arguments; the params (pointers aside) it launches with.
+// routing_metadata's arguments, the device last; the params (pointers aside) it launches with.
 SortedLayoutParams routing_metadata_args(const at::Tensor& experts, int64_t num_experts) {
   constexpr const char* kOp = "routing_metadata";
   check_arg(experts.scalar_type() == at::kInt || experts.scalar_type() == at::kLong, kOp,
@@ -66,10 +69,11 @@ SortedLayoutParams routing_metadata_args(const at::Tensor& experts, int64_t num_
   p.num_experts = int32_arg(kOp, "num_experts", num_experts);
   const std::string problem = check_sorted_layout(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device(kOp, {{&experts, "experts"}});
   return p;
 }
 
-// router_backward's arguments; the params (pointers aside) it launches with.
+// router_backward's arguments, the devices last; the params (pointers aside) it launches with.
 RouterBackwardParams router_backward_args(const at::Tensor& d_score_partial, const at::Tensor& rev_idx,
                                           const at::Tensor& scores, const at::Tensor& experts,
                                           const std::optional<at::Tensor>& logits, int64_t num_experts,
@@ -106,6 +110,9 @@ RouterBackwardParams router_backward_args(const at::Tensor& d_score_partial, con
   p.mode = int32_arg(kOp, "mode", mode);
   const std::string problem = check_router_backward(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device(kOp, {{&d_score_partial, "d_score_partial"}, {&rev_idx, "rev_idx"}, {&scores, "scores"},
+                               {&experts, "experts"}});
+  if (logits.has_value()) check_same_cuda_device(kOp, {{&rev_idx, "rev_idx"}, {&*logits, "logits"}});
   return p;
 }
 
@@ -116,9 +123,6 @@ at::Tensor launch_router_backward(const at::Tensor& d_score_partial, const at::T
                                   const std::optional<at::Tensor>& logits, int64_t num_experts, int64_t mode,
                                   at::Tensor* d_logit_rows) {
   RouterBackwardParams p = router_backward_args(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode);
-  check_same_cuda_device("router_backward", {{&d_score_partial, "d_score_partial"}, {&rev_idx, "rev_idx"},
-                                             {&scores, "scores"}, {&experts, "experts"}});
-  if (logits.has_value()) check_same_cuda_device("router_backward", {{&rev_idx, "rev_idx"}, {&*logits, "logits"}});
   const c10::cuda::CUDAGuard guard(rev_idx.device());
   at::Tensor d_logits = at::empty({rev_idx.size(0), num_experts}, rev_idx.options().dtype(at::kBFloat16));
   if (d_logit_rows != nullptr) {
@@ -155,8 +159,7 @@ at::Tensor router_backward_cuda(const at::Tensor& d_score_partial, const at::Ten
 at::Tensor router_backward_cpu(const at::Tensor& d_score_partial, const at::Tensor& rev_idx, const at::Tensor& scores,
                                const at::Tensor& experts, const std::optional<at::Tensor>& logits,
                                int64_t num_experts, int64_t mode) {
-  router_backward_args(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode);
-  check_same_cuda_device("router_backward", {{&d_score_partial, "d_score_partial"}});  // raises: CPU
+  router_backward_args(d_score_partial, rev_idx, scores, experts, logits, num_experts, mode);  // raises: CPU
   return {};
 }
 
@@ -182,7 +185,6 @@ std::tuple<at::Tensor, at::Tensor> router_backward_rows_cpu(const at::Tensor& d_
 
 std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode) {
   RouterTopkParams p = router_topk_args(logits, top_k, mode);
-  check_same_cuda_device("router_topk", {{&logits, "logits"}});
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor scores = at::empty({logits.size(0), top_k}, logits.options().dtype(at::kFloat));
   at::Tensor experts = at::empty({logits.size(0), top_k}, logits.options().dtype(at::kInt));
@@ -196,15 +198,13 @@ std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, in
 }
 
 std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode) {
-  router_topk_args(logits, top_k, mode);
-  check_same_cuda_device("router_topk", {{&logits, "logits"}});  // raises: CPU
+  router_topk_args(logits, top_k, mode);  // raises: CPU
   return {};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Tensor& logits, int64_t top_k,
                                                                    bool write_probs) {
   RoundingProbsParams p = rounding_probs_args(logits, top_k);
-  check_same_cuda_device("rounding_probs", {{&logits, "logits"}});
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t T = logits.size(0), E = logits.size(1);
   const auto float_options = logits.options().dtype(at::kFloat);
@@ -223,15 +223,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cuda(const at::Ten
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rounding_probs_cpu(const at::Tensor& logits, int64_t top_k,
                                                                   bool write_probs) {
-  rounding_probs_args(logits, top_k);
-  check_same_cuda_device("rounding_probs", {{&logits, "logits"}});  // raises: CPU
+  rounding_probs_args(logits, top_k);  // raises: CPU
   return {};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::Tensor& experts,
                                                                      int64_t num_experts) {
   SortedLayoutParams p = routing_metadata_args(experts, num_experts);
-  check_same_cuda_device("routing_metadata", {{&experts, "experts"}});
   const c10::cuda::CUDAGuard guard(experts.device());
   const auto int_options = experts.options().dtype(at::kInt);
   at::Tensor offsets = at::empty({num_experts + 1}, int_options);
@@ -253,8 +251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cuda(const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> routing_metadata_cpu(const at::Tensor& experts,
                                                                     int64_t num_experts) {
-  routing_metadata_args(experts, num_experts);
-  check_same_cuda_device("routing_metadata", {{&experts, "experts"}});  // raises: CPU
+  routing_metadata_args(experts, num_experts);  // raises: CPU
   return {};
 }
 

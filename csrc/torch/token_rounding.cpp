@@ -28,7 +28,8 @@ void check_expert_major_pair(const char* op, const at::Tensor& first, const char
   check_contiguous(op, second, second_name);
 }
 
-// token_rounding_assign's arguments; the params (pointers aside) it launches with.
+// token_rounding_assign's arguments, the devices last (a CPU tensor fails there); the params
+// (pointers aside) it launches with.
 TokenRoundingParams token_rounding_args(const at::Tensor& probs_t, const at::Tensor& chosen_t, int64_t tile,
                                         int64_t rule) {
   constexpr const char* kOp = "token_rounding_assign";
@@ -40,10 +41,11 @@ TokenRoundingParams token_rounding_args(const at::Tensor& probs_t, const at::Ten
   p.rule = int32_arg(kOp, "rule", rule);
   const std::string problem = check_token_rounding(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});
   return p;
 }
 
-// dense_layout's arguments; the params (pointers aside) it launches with.
+// dense_layout's arguments, the devices last; the params (pointers aside) it launches with.
 DenseLayoutParams dense_layout_args(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
   constexpr const char* kOp = "dense_layout";
   check_expert_major_pair(kOp, assigned_t, "assigned_t", at::kBool, scores_t, "scores_t", at::kFloat);
@@ -55,6 +57,7 @@ DenseLayoutParams dense_layout_args(const at::Tensor& assigned_t, const at::Tens
   p.row_bound = row_bound;
   const std::string problem = check_dense_layout(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});
   return p;
 }
 
@@ -63,7 +66,6 @@ DenseLayoutParams dense_layout_args(const at::Tensor& assigned_t, const at::Tens
 std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cuda(const at::Tensor& probs_t, const at::Tensor& chosen_t,
                                                               int64_t tile, int64_t rule) {
   TokenRoundingParams p = token_rounding_args(probs_t, chosen_t, tile, rule);
-  check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});
   const c10::cuda::CUDAGuard guard(probs_t.device());
   at::Tensor assigned_t = at::empty_like(chosen_t);
   at::Tensor counts = at::empty({probs_t.size(0)}, probs_t.options().dtype(at::kInt));
@@ -79,14 +81,12 @@ std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cuda(const at::Tensor& 
 
 std::tuple<at::Tensor, at::Tensor> token_rounding_assign_cpu(const at::Tensor& probs_t, const at::Tensor& chosen_t,
                                                              int64_t tile, int64_t rule) {
-  token_rounding_args(probs_t, chosen_t, tile, rule);
-  check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});  // raises
+  token_rounding_args(probs_t, chosen_t, tile, rule);  // raises: CPU
   return {};
 }
 
 DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
   DenseLayoutParams p = dense_layout_args(assigned_t, scores_t, row_bound);
-  check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});
   const c10::cuda::CUDAGuard guard(assigned_t.device());
   const int64_t E = assigned_t.size(0), T = assigned_t.size(1);
   const auto int_options = assigned_t.options().dtype(at::kInt);
@@ -116,8 +116,7 @@ DenseLayoutTensors dense_layout_cuda(const at::Tensor& assigned_t, const at::Ten
 }
 
 DenseLayoutTensors dense_layout_cpu(const at::Tensor& assigned_t, const at::Tensor& scores_t, int64_t row_bound) {
-  dense_layout_args(assigned_t, scores_t, row_bound);
-  check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});  // raises
+  dense_layout_args(assigned_t, scores_t, row_bound);  // raises: CPU
   return {};
 }
 

@@ -25,7 +25,7 @@ UpProjParams up_proj_shape(const at::Tensor& x, const at::Tensor& w1, const at::
   return p;
 }
 
-// Everything that can be checked without a GPU, in the order a user would fix it.
+// Every argument, in the order a user would fix it: the devices last (a CPU tensor fails there).
 void check_up_proj_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& expert_offsets,
                         const at::Tensor& gather_idx, int64_t tile_config, int64_t activation) {
   check_dtype(kOp, x, "x", at::kBFloat16);
@@ -58,6 +58,8 @@ void check_up_proj_args(const at::Tensor& x, const at::Tensor& w1, const at::Ten
   shape.activation = activation_arg(kOp, activation);
   const std::string problem = check_up_proj(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
+                               {&gather_idx, "gather_idx"}});
 }
 
 }  // namespace
@@ -67,8 +69,6 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
                                                 const at::Tensor& gather_idx, bool keep_h,
                                                 bool partial_rows, int64_t tile_config, int64_t activation) {
   check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config, activation);
-  check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
-                               {&gather_idx, "gather_idx"}});
   const c10::cuda::CUDAGuard guard(x.device());
   UpProjParams p = up_proj_shape(x, w1, gather_idx);
   p.config = static_cast<GemmTileConfig>(tile_config);
@@ -99,10 +99,7 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cpu(const at::Tensor& x, const at::Te
                                                const at::Tensor& expert_offsets,
                                                const at::Tensor& gather_idx, bool keep_h,
                                                bool partial_rows, int64_t tile_config, int64_t activation) {
-  check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config, activation);
-  // Raises: x is on the CPU.
-  check_same_cuda_device(kOp, {{&x, "x"}, {&w1, "w1"}, {&expert_offsets, "expert_offsets"},
-                               {&gather_idx, "gather_idx"}});
+  check_up_proj_args(x, w1, expert_offsets, gather_idx, tile_config, activation);  // raises: x is on the CPU
   return {};
 }
 

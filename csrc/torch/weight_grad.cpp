@@ -27,7 +27,7 @@ WeightGradParams weight_grad_shape(const at::Tensor& a, const at::Tensor& b,
   return p;
 }
 
-// Everything that can be checked without a GPU, in the order a user would fix it.
+// Every argument, in the order a user would fix it: the devices last (a CPU tensor fails there).
 void check_weight_grad_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                             const at::Tensor& gather_idx, bool gather_a, bool partial_rows,
                             int64_t tile_config, int64_t sm_margin) {
@@ -56,10 +56,6 @@ void check_weight_grad_args(const at::Tensor& a, const at::Tensor& b, const at::
   shape.sm_count = 1;
   const std::string problem = check_weight_grad(shape);
   TORCH_CHECK_VALUE(problem.empty(), problem);
-}
-
-void check_devices(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
-                   const at::Tensor& gather_idx) {
   check_same_cuda_device(kOp, {{&a, "a"}, {&b, "b"}, {&expert_offsets, "expert_offsets"},
                                {&gather_idx, "gather_idx"}});
 }
@@ -70,7 +66,6 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
                             const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
                             int64_t sm_margin, bool rows_past_end_zeroed) {
   check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
-  check_devices(a, b, expert_offsets, gather_idx);
   const c10::cuda::CUDAGuard guard(a.device());
   const int device_sms = device_sm_count(a);
   check_arg(sm_margin < device_sms, kOp, "sm_margin", text(sm_margin),
@@ -93,8 +88,8 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
 at::Tensor weight_grad_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& expert_offsets,
                            const at::Tensor& gather_idx, bool gather_a, bool partial_rows, int64_t tile_config,
                            int64_t sm_margin, bool /*rows_past_end_zeroed*/) {
+  // Raises: a CPU tensor fails the device check.
   check_weight_grad_args(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config, sm_margin);
-  check_devices(a, b, expert_offsets, gather_idx);  // a CPU tensor always fails here
   return {};
 }
 

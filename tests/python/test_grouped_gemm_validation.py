@@ -110,7 +110,7 @@ KN_ADDEND_CASES = [
      "grouped_gemm_kn: addend_rows.shape = [4, 24] breaks the rule: must be (num_experts, n_out) = (4, 32)"),
     ("rows contiguity", lambda s, r: (s, r.t().contiguous().t()),
      "grouped_gemm_kn: addend_rows.stride() = [1, 4] breaks the rule: must be contiguous"),
-    ("device", lambda s, r: (s, r), "grouped_gemm: a.device = cpu breaks the rule: must be a CUDA device"),
+    ("device", lambda s, r: (s, r), "grouped_gemm_kn: a.device = cpu breaks the rule: must be a CUDA device"),
 ]
 
 
