@@ -6,8 +6,11 @@ higher clock. This script runs the step (gradients unset, forward + backward) ba
 few seconds, then profiles STEPS more of them in one queue, and prints every kernel's median
 duration in those steps beside its duration in one step run after the card idled a second:
 the kernels that stretch the most under the cap are the ones whose energy the step pays for.
+With --impls project,upstream it does the same for upstream SonicMoE's layer (sidebyside.py's
+steps, one impl after the other per config), so the two layers' kernels compare under the cap
+and not only one call each (sidebyside.py PROFILE=1).
 
-    python benchmarks/profile_sustained.py [--steps N] [--warm SECONDS] [CONFIG ...]
+    python benchmarks/profile_sustained.py [--steps N] [--warm SECONDS] [--impls project,upstream] [CONFIG ...]
 """
 import argparse
 import re
@@ -18,8 +21,8 @@ import time
 import torch
 sys.path.insert(0, "python")  # run from the repository root
 sys.path.insert(0, "benchmarks")
-import sonicmoe
-from bench import cuda_events, layer_params, load_anchors
+from bench import cuda_events, load_anchors
+from sidebyside import IMPLS, UPSTREAM_HOWTO, upstream_available
 
 _, _, CONFIGS = load_anchors()
 DEFAULT = ["paper-30b-n512", "qwen3-235b-a22b", "olmoe-1b-7b", "qwen3-30b-a3b", "paper-120b-n1024"]
@@ -56,54 +59,66 @@ def kernel_rows(isolated, sustained_steps):
     return [(t, statistics.median(step[key] for step in steps), key[0]) for key, t in iso.items()]
 
 
+def impls_arg(text):
+    """--impls: layers of sidebyside.IMPLS, upstream left out (with how to get it) where not importable."""
+    impls = [i for i in text.split(",") if i]
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown or not impls:
+        raise SystemExit(f"--impls {text!r}: each must be one of {sorted(IMPLS)}")
+    if "upstream" in impls and not upstream_available():
+        print(UPSTREAM_HOWTO + "; profiling " + (", ".join(i for i in impls if i != "upstream") or "nothing"))
+        impls = [i for i in impls if i != "upstream"]
+    return impls
+
+
+def profile(label, step, steps, warm, flops):
+    """Prints step's kernels isolated (one step after a second idle) and sustained (the median over
+    `steps` back-to-back steps after `warm` seconds of them)."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+    isolated = cuda_events(step)
+    per_step = len(isolated)
+    start = time.time()
+    while time.time() - start < warm:
+        for _ in range(4):
+            step()
+        torch.cuda.synchronize()
+    sustained = cuda_events(lambda: [step() for _ in range(steps)])
+    per_step_events = [sustained[s * per_step:(s + 1) * per_step] for s in range(steps)]
+    rows = kernel_rows(isolated, per_step_events) if len(sustained) == per_step * steps else None
+    if rows is None:
+        print(f"== {label}: {len(sustained)} events in {steps} steps, {per_step} in one: "
+              "the steps differ, no per-kernel table")
+        return
+    # A step ends with its last kernel to finish: on two streams not always the last to start.
+    spans = [max(e.time_range.end for e in per_step_events[s]) - per_step_events[s][0].time_range.start
+             for s in range(steps - 1)]
+    iso_sum, sus_sum = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    print(f"== {label}: {per_step} kernels per step; kernel time isolated {iso_sum / 1e3:.3f} ms, "
+          f"sustained {sus_sum / 1e3:.3f} ms ({sus_sum / iso_sum:.3f}x); sustained step span median "
+          f"{statistics.median(spans) / 1e3:.3f} ms ({flops / statistics.median(spans) / 1e6:.1f} TF fwd+bwd)")  # spans in µs
+    print(f"  {'isolated us':>11} {'sustained':>10} {'ratio':>6} {'share':>6}  kernel")
+    for iso, sus, kname in rows:
+        print(f"  {iso:11.1f} {sus:10.1f} {sus / iso:6.3f} {sus / sus_sum:6.3f}  {short(kname)}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warm", type=float, default=3.0, help="seconds of back-to-back steps first")
+    parser.add_argument("--impls", default="project", help="comma-separated layers of sidebyside.py: project "
+                        "(sonicmoe.moe), upstream (upstream SonicMoE), torch (the torch._grouped_mm layer)")
     parser.add_argument("configs", nargs="*")
     args = parser.parse_args()
+    impls = impls_arg(args.impls)
     for name in args.configs or DEFAULT:
         T, d, n, E, K = (CONFIGS[name][k] for k in ("T", "d", "n", "E", "K"))
-        x, router, w1, w2 = layer_params(T, d, n, E)
-        grad = torch.randn(T, d, device="cuda").bfloat16()
-        params = (x, router, w1, w2)
-
-        def step():
-            for t in params:
-                t.grad = None
-            sonicmoe.moe(x, router, w1, w2, K).backward(grad)
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        time.sleep(1.0)
-        isolated = cuda_events(step)
-        per_step = len(isolated)
-        start = time.time()
-        while time.time() - start < args.warm:
-            for _ in range(4):
-                step()
-            torch.cuda.synchronize()
-        sustained = cuda_events(lambda: [step() for _ in range(args.steps)])
-        steps = [sustained[s * per_step:(s + 1) * per_step] for s in range(args.steps)]
-        rows = kernel_rows(isolated, steps) if len(sustained) == per_step * args.steps else None
-        if rows is None:
-            print(f"== {name}: {len(sustained)} events in {args.steps} steps, {per_step} in one: "
-                  "the steps differ, no per-kernel table")
-            continue
-        # A step ends with its last kernel to finish: on two streams not always the last to start.
-        spans = [max(e.time_range.end for e in steps[s]) - steps[s][0].time_range.start
-                 for s in range(args.steps - 1)]
-        iso_sum, sus_sum = sum(r[0] for r in rows), sum(r[1] for r in rows)
-        flops = 18.0 * T * K * d * n
-        print(f"== {name}: {per_step} kernels per step; kernel time isolated {iso_sum / 1e3:.3f} ms, "
-              f"sustained {sus_sum / 1e3:.3f} ms ({sus_sum / iso_sum:.3f}x); sustained step span median "
-              f"{statistics.median(spans) / 1e3:.3f} ms ({flops / statistics.median(spans) / 1e6:.1f} TF fwd+bwd)")  # spans in µs
-        print(f"  {'isolated us':>11} {'sustained':>10} {'ratio':>6} {'share':>6}  kernel")
-        for iso, sus, kname in rows:
-            print(f"  {iso:11.1f} {sus:10.1f} {sus / iso:6.3f} {sus / sus_sum:6.3f}  {short(kname)}")
-        del x, router, w1, w2, grad, params
-        torch.cuda.empty_cache()
+        for impl in impls:
+            # sidebyside.py's training step: forward + backward of the same shapes and routing, gradients unset.
+            profile(f"{name} {impl}", IMPLS[impl](T, d, n, E, K)[1], args.steps, args.warm, 18.0 * T * K * d * n)
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -37,3 +37,13 @@ def test_a_step_with_other_kernels_gives_no_table(profile_sustained):
     isolated = events(("K4", 100.0), ("K5", 80.0))
     assert profile_sustained.kernel_rows(isolated, [events(("K4", 1.0), ("K6", 2.0))]) is None
     assert profile_sustained.kernel_rows(isolated, [events(("K4", 1.0), ("K5", 2.0), ("K5", 3.0))]) is None
+
+
+def test_impls_name_sidebysides_layers_and_leave_out_an_absent_upstream(profile_sustained, monkeypatch, capsys):
+    assert profile_sustained.impls_arg("project,torch") == ["project", "torch"]
+    with pytest.raises(SystemExit, match=r"--impls 'project,cutlass': each must be one of \['project', 'torch', "
+                                         r"'upstream'\]"):
+        profile_sustained.impls_arg("project,cutlass")
+    monkeypatch.setattr(profile_sustained, "upstream_available", lambda: False)
+    assert profile_sustained.impls_arg("project,upstream") == ["project"]
+    assert "not importable as upstream_sonicmoe" in capsys.readouterr().out
