@@ -49,6 +49,11 @@ inline std::string varlen_config_range() {
   return std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kLastVarlenConfig);
 }
 
+// "7 to 12": grouped_gemm's varlen configurations, every varlen op's and its own.
+inline std::string grouped_gemm_varlen_config_range() {
+  return std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kNumGemmTileConfigs - 1);
+}
+
 // The rules every expert-MLP kernel shares (K1, K4: params with num_experts, num_tokens,
 // m_total, d, n, sm_count, activation, config: the varlen kernel's); "" when they hold. d and n
 // are 16-byte rows: cp.async chunks, TMA boxes, vector stores.

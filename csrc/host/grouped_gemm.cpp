@@ -223,14 +223,13 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
   if (layout < 0 || layout > 1) return value_rule("b_layout", layout, "must name a WeightLayout (0 NK, 1 KN)");
   // grouped_gemm's varlen configurations: every varlen op's and its own (kFirstVarlenConfig to the last).
   const bool varlen = is_varlen_config(p.config) || is_grouped_gemm_only_config(p.config);
-  const std::string varlen_range = std::to_string(kFirstVarlenConfig) + " to " + std::to_string(kNumGemmTileConfigs - 1);
   if (p.b_layout == WeightLayout::kKN && p.config != GemmTileConfig::kAuto && !varlen)
     return value_rule("config", config,
                       ("b_layout KN (b is (E, k, n_out)) runs on the varlen kernels only: use 0 (auto) or " +
-                       varlen_range).c_str());
+                       grouped_gemm_varlen_config_range()).c_str());
   if (p.partial_rows && p.config != GemmTileConfig::kAuto && !varlen)
     return value_rule("config", config,
-                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + varlen_range).c_str());
+                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + grouped_gemm_varlen_config_range()).c_str());
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,

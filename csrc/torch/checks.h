@@ -109,6 +109,15 @@ inline void check_same_cuda_device(
   check_kernel_device(op, first, first_name);
 }
 
+// On an sm_100 GPU (t's device) the op's sm100 rules (tile_config auto only) raise as argument
+// errors, before anything is allocated or launched; the host library checks them again at launch.
+template <class Params>
+void check_sm100_rules(const at::Tensor& t, const Params& params, std::string (*rules)(const Params&)) {
+  if (device_arch(t.get_device()) != 100) return;
+  const std::string problem = rules(params);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+}
+
 // The SM count of t's device (check_same_cuda_device has checked it).
 inline int device_sm_count(const at::Tensor& t) {
   int sm_count = 0;

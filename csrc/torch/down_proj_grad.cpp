@@ -79,10 +79,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> down_proj_grad_cuda(
   DownProjGradParams p = down_proj_grad_shape(d_out, w2, gather_idx);
   p.partial_rows = partial_rows;
   p.config = static_cast<GemmTileConfig>(tile_config);
-  if (device_arch(d_out.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
-    const std::string problem = sm100::check_down_proj_grad(p);
-    TORCH_CHECK_VALUE(problem.empty(), problem);
-  }
+  check_sm100_rules(d_out, p, sm100::check_down_proj_grad);
   p.activation = static_cast<GluActivation>(activation);
   const int64_t blocks = (p.n + kDownProjGradBlockCols - 1) / kDownProjGradBlockCols;
   at::Tensor d_h = at::empty({p.m_total, 2 * p.n}, d_out.options());

@@ -105,10 +105,7 @@ at::Tensor run_on_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   check_call(a, b, expert_offsets, tile_config, layout, partial_rows, addend_scale, addend_rows);
   const c10::cuda::CUDAGuard guard(a.device());
   GroupedGemmParams p = grouped_gemm_shape(a, b, tile_config, layout, partial_rows);
-  if (device_arch(a.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
-    const std::string problem = sm100::check_grouped_gemm(p);
-    TORCH_CHECK_VALUE(problem.empty(), problem);
-  }
+  check_sm100_rules(a, p, sm100::check_grouped_gemm);
   at::Tensor out = at::empty({a.size(0), p.n_out}, a.options());
   if (a.size(0) == 0) return out;
 

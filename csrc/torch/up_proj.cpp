@@ -72,10 +72,7 @@ std::tuple<at::Tensor, at::Tensor> up_proj_cuda(const at::Tensor& x, const at::T
   const c10::cuda::CUDAGuard guard(x.device());
   UpProjParams p = up_proj_shape(x, w1, gather_idx);
   p.config = static_cast<GemmTileConfig>(tile_config);
-  if (device_arch(x.get_device()) == 100) {  // sm100's own rules (auto only), as argument errors
-    const std::string problem = sm100::check_up_proj(p);
-    TORCH_CHECK_VALUE(problem.empty(), problem);
-  }
+  check_sm100_rules(x, p, sm100::check_up_proj);
   at::Tensor h = at::empty({keep_h ? p.m_total : 0, 2 * p.n}, x.options());
   at::Tensor a = at::empty({p.m_total, p.n}, x.options());
   if (p.m_total == 0) return {h, a};

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "sm100/grouped_gemm_sm100.h"
 #include "sonicmoe.h"
 #include "torch/checks.h"
 #include "torch/ops.h"
@@ -72,6 +73,7 @@ at::Tensor weight_grad_cuda(const at::Tensor& a, const at::Tensor& b, const at::
             "must be below the device's " + std::to_string(device_sms) + " SMs (the grid needs one)");
   WeightGradParams p = weight_grad_shape(a, b, expert_offsets, gather_idx, gather_a, partial_rows, tile_config);
   p.rows_past_end_zeroed = rows_past_end_zeroed;
+  check_sm100_rules(a, p, sm100::check_weight_grad);
   at::Tensor out = at::empty({p.num_experts, p.m_out, p.n_out}, a.options());
   p.a = a.data_ptr();
   p.b = b.data_ptr();
