@@ -64,8 +64,11 @@ std::string device_cache_path(int device) {
     (void)cudaGetLastError();  // ours: no file for this device, nothing else to report
     return "";
   }
-  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-" + sanitized(prop.name) + "-sm" +
-         std::to_string(prop.multiProcessorCount) + "-driver" + std::to_string(driver) + ".txt";
+  // The tile set's size in the name too: a file written before a configuration was added never
+  // timed it, so a build with more configurations measures afresh.
+  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-tiles" + std::to_string(kNumGemmTileConfigs) + "-" +
+         sanitized(prop.name) + "-sm" + std::to_string(prop.multiProcessorCount) + "-driver" +
+         std::to_string(driver) + ".txt";
 }
 
 // mkdir -p (C library only: the library links into processes whose C++ runtime it does not choose).
