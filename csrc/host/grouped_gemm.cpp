@@ -229,7 +229,8 @@ std::string check_grouped_gemm(const GroupedGemmParams& p) {
                        grouped_gemm_varlen_config_range()).c_str());
   if (p.partial_rows && p.config != GemmTileConfig::kAuto && !varlen)
     return value_rule("config", config,
-                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " + grouped_gemm_varlen_config_range()).c_str());
+                      ("partial_rows runs on the varlen kernels only: use 0 (auto) or " +
+                       grouped_gemm_varlen_config_range()).c_str());
   const int64_t n_blocks = (p.n_out + 127) / 128;
   if (varlen_max_tiles(p.m_total, p.num_experts, 64, n_blocks) > INT32_MAX)
     return value_rule("m_total", p.m_total,

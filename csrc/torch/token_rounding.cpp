@@ -41,7 +41,7 @@ TokenRoundingParams token_rounding_args(const at::Tensor& probs_t, const at::Ten
   p.rule = int32_arg(kOp, "rule", rule);
   const std::string problem = check_token_rounding(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
-  check_same_cuda_device("token_rounding_assign", {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});
+  check_same_cuda_device(kOp, {{&probs_t, "probs_t"}, {&chosen_t, "chosen_t"}});
   return p;
 }
 
@@ -57,7 +57,7 @@ DenseLayoutParams dense_layout_args(const at::Tensor& assigned_t, const at::Tens
   p.row_bound = row_bound;
   const std::string problem = check_dense_layout(p);
   TORCH_CHECK_VALUE(problem.empty(), problem);
-  check_same_cuda_device("dense_layout", {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});
+  check_same_cuda_device(kOp, {{&assigned_t, "assigned_t"}, {&scores_t, "scores_t"}});
   return p;
 }
 
