@@ -64,8 +64,7 @@ std::string device_cache_path(int device) {
     (void)cudaGetLastError();  // ours: no file for this device, nothing else to report
     return "";
   }
-  // The tile set's size in the name too: a file written before a configuration was added never
-  // timed it, so a build with more configurations measures afresh.
+  // The keys of autotune.h, the number of tile configurations among them.
   return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-tiles" + std::to_string(kNumGemmTileConfigs) + "-" +
          sanitized(prop.name) + "-sm" + std::to_string(prop.multiProcessorCount) + "-driver" +
          std::to_string(driver) + ".txt";
