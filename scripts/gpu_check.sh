@@ -5,6 +5,11 @@
 #   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
 #   BENCH_OPS=moe_forward ... QUALITY=1 ... PYTEST_ARGS=... # narrower benchmark, quality check, pytest args
 #   STEP_TIMEOUT=300 ...                 # seconds per step before it is killed (a hang reads as rc=124)
+#   STEPS="gtest pytest bench" ...       # only these steps after the build (default: all above)
+#   SONICMOE_PREBUILT_KERNELS=lib.a ...  # link a kernel library built on a CPU machine
+#                                        # (scripts/prebuild_kernels.sh), compile no CUTLASS unit here
+#   SBS="paper-7b-n256 ..." ...          # also benchmarks/sidebyside.py, one process per config
+#                                        # (upstream SonicMoE importable: ../shared/anchors/README.md)
 # compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."
@@ -12,10 +17,14 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 GTEST_BIN=${GTEST_BIN:-.carry/sonicmoe_gtest}
+STEPS=" ${STEPS:-gtest pytest memcheck racecheck sass bench demo} "
+[ -n "${QUALITY:-}" ] && STEPS+="quality "
+[ -n "${SBS:-}" ] && STEPS+="sbs "
 declare -A result
 
-step() {  # step NAME LOG COMMAND...
+step() {  # step NAME LOG COMMAND...: runs COMMAND where STEPS lists NAME before any '-' (build: always)
   local name=$1 log=$2; shift 2
+  if [ "$name" != build ] && [[ "$STEPS" != *" ${name%%-*} "* ]]; then return; fi
   local t0=$SECONDS
   if timeout "${STEP_TIMEOUT:-900}" "$@" >"$OUT/$log" 2>&1; then result[$name]="ok"; else result[$name]="FAILED (rc=$?)"; fi
   result[$name]="${result[$name]} $((SECONDS - t0))s"
@@ -28,7 +37,7 @@ step build build.log env MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --i
   echo "libstdc++ ostream symbols defined inside _C: $(nm -C --defined-only python/sonicmoe/_C*.so | grep -c 'std::basic_ostream')"; } >"$OUT/toolchain.txt" 2>&1
 if [ -x "$GTEST_BIN" ]; then
   step gtest gtest.log "$GTEST_BIN"
-else
+elif [[ "$STEPS" == *" gtest "* ]]; then
   result[gtest]="not run: no gtest binary at $GTEST_BIN"
 fi
 step pytest pytest.log python3 -m pytest tests/python -q -rs -p no:cacheprovider ${PYTEST_ARGS:-}
@@ -48,17 +57,21 @@ export OUT; export -f sass_check  # step runs commands under timeout, which need
 step sass sass_summary.txt bash -c sass_check
 step bench bench.log python3 benchmarks/bench.py --all-tiles --out "$OUT" \
   --ops ${BENCH_OPS:-grouped_gemm,combine,moe_forward,moe_backward}
-if [ -n "${QUALITY:-}" ]; then  # token-rounding quality check (two short trainings)
-  step quality quality.log python3 benchmarks/quality_token_rounding.py --out "$OUT/quality"
-fi
+# token-rounding quality check (two short trainings), with QUALITY=1
+step quality quality.log python3 benchmarks/quality_token_rounding.py --out "$OUT/quality"
 step demo demo.log python3 benchmarks/demo.py
+for c in ${SBS:-}; do  # one process per config: each prints its table and writes its JSON
+  step "sbs-$c" "sbs-$c.log" env OUT="$OUT/sbs-$c" python3 benchmarks/sidebyside.py "$c"
+done
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '%-8s %s\n' step result
 for s in build gtest pytest memcheck racecheck sass bench demo quality; do printf '%-8s %s\n' "$s" "${result[$s]:-not run}"; done
-grep -E "passed|failed" "$OUT/pytest.log" | tail -1
+for c in ${SBS:-}; do printf '%-8s %s\n' "sbs $c" "${result[sbs-$c]:-not run}"; done
+grep -E "passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -1
 grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
 grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
 cat "$OUT/sass_summary.txt" 2>/dev/null | head -8
-sed -n '/^config/,$p' "$OUT/bench.log"
+[ -f "$OUT/bench.log" ] && sed -n '/^config/,$p' "$OUT/bench.log"
+for c in ${SBS:-}; do grep -h -E "^$c |project / " "$OUT/sbs-$c.log" 2>/dev/null; done
