@@ -74,4 +74,4 @@ grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | he
 grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
 cat "$OUT/sass_summary.txt" 2>/dev/null | head -8
 [ -f "$OUT/bench.log" ] && sed -n '/^config/,$p' "$OUT/bench.log"
-for c in ${SBS:-}; do grep -h -E "^$c |project / " "$OUT/sbs-$c.log" 2>/dev/null; done
+for c in ${SBS:-}; do grep -h -E "^$c |project / " "$OUT/sbs-$c.log" 2>/dev/null || true; done
