@@ -13,6 +13,8 @@ range over the rounds.
        (default swiglu); upstream is timed with SwiGLU only, so another activation leaves it out
        PROFILE=1: also each layer's kernels in one forward + backward (torch.profiler), per config,
        for the kernel-by-kernel table of docs/performance.md
+       NCU=1: no timing; each layer's forward + backward once between cudaProfilerStart / Stop after
+       its warm-up, for Nsight Compute started with collection off (scripts/ncu_parts.sh --sidebyside)
 The table also gives each layer's GPU time (ms, median) beside its host time to issue the same
 work (host_issue_ms): a layer whose host time nears its GPU time is host-bound.
 
@@ -39,7 +41,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench import kept_mib, torch_grouped_mm_layer  # noqa: E402
+from bench import kept_mib, profile_one_call, torch_grouped_mm_layer  # noqa: E402
 
 # (name, T, d, n, E, K): the paper's Table 9b shapes and the anchors' real models.
 CONFIGS = [
@@ -207,7 +209,7 @@ def paired_ratios(ours, other):
     return out
 
 
-def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
+def measure(config, impls, rounds, profile_kernels=False, activation="swiglu", ncu_range=False):
     name, T, d, n, E, K = config
     row = {"config": name, "shape": [T, d, n, E, K], "activation": activation}
     flops = 6 * T * K * d * n
@@ -224,6 +226,9 @@ def measure(config, impls, rounds, profile_kernels=False, activation="swiglu"):
             fns.pop(impl, None)
             row[f"{impl}_error"] = repr(ex)[:300]
         row[f"{impl}_setup_s"] = round(time.time() - t0, 1)
+    if ncu_range:  # one forward + backward per layer inside the profiler's range, nothing timed
+        row["profiled_ms"] = profile_one_call({impl: fwd_bwd for impl, (_, fwd_bwd) in fns.items()})
+        return row
     for r in range(rounds):
         for impl in rotated(list(fns), r):
             fwd, fwd_bwd = fns[impl]
@@ -306,6 +311,7 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation
         impls = [i for i in impls if i != "upstream"]
     rounds = rounds or int(os.environ.get("ROUNDS", "3"))
     profile_kernels = os.environ.get("PROFILE", "") not in ("", "0")
+    ncu_range = os.environ.get("NCU", "") not in ("", "0")
     known = {c[0]: c for c in CONFIGS + MODELS}
     names = list(names) or [c[0] for c in CONFIGS]
     if "all" in names:
@@ -321,14 +327,18 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation
     a = torch.randn(8192, 8192, device=dev, dtype=dt)
     result["dense_tflops_before"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
     for name in names:
-        row = measure(known[name], impls, rounds, profile_kernels, activation)
+        row = measure(known[name], impls, rounds, profile_kernels, activation, ncu_range)
         result["rows"].append(row)
+        if ncu_range:
+            print(json.dumps(row), flush=True)
+            continue
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_kernels")}), flush=True)
         print_kernels(row, impls)
         path.write_text(json.dumps(result, indent=1))
     result["dense_tflops_after"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
     path.write_text(json.dumps(result, indent=1))
-    print_table(result, impls)
+    if not ncu_range:
+        print_table(result, impls)
     return result
 
 

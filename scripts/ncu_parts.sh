@@ -10,8 +10,25 @@
 # $OUT/ncu-source-OP-CONFIG.csv, summarised by scripts/ncu_stalls.py (where each kernel's samples
 # go, and how many instructions a warp issues per loop pass).
 #   bash scripts/ncu_parts.sh --source backward_kernels K7_co_m256 olmoe-1b-7b
+# With --sidebyside CONFIG: every kernel of one forward + backward of this project's layer and of
+# upstream SonicMoE's (benchmarks/sidebyside.py with NCU=1; upstream importable as for it), the
+# full section set, as $OUT/ncu-sidebyside-CONFIG.ncu-rep, its details page and its raw metrics
+# (csv) beside it, for the kernel-by-kernel comparison (docs/performance.md §4.0).
+#   bash scripts/ncu_parts.sh --sidebyside paper-7b-n256
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --sidebyside ]; then
+  [ $# -ge 2 ] || { echo "usage: $0 --sidebyside CONFIG" >&2; exit 2; }
+  OUT=${OUT:-ncu-out}
+  report="$OUT/ncu-sidebyside-$2"
+  mkdir -p "$OUT"
+  NCU=1 IMPLS=${IMPLS:-project,upstream} OUT="$OUT/sidebyside-$2" \
+    ncu --clock-control none --profile-from-start off -f -o "$report" --set full \
+    python3 benchmarks/sidebyside.py "$2"
+  ncu --import "$report.ncu-rep" --page details >"$report.txt"
+  ncu --import "$report.ncu-rep" --page raw --csv >"$report.csv"
+  exec grep -E "^  [a-zA-Z_]|Duration" "$report.txt"
+fi
 source=0
 if [ "${1:-}" = --source ]; then source=1; shift; fi
 [ $# -ge 2 ] || { echo "usage: $0 [--source] OP PARTS [CONFIG]" >&2; exit 2; }
