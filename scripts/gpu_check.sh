@@ -10,6 +10,8 @@
 #                                        # (scripts/prebuild_kernels.sh), compile no CUTLASS unit here
 #   SBS="paper-7b-n256 ..." ...          # also benchmarks/sidebyside.py, one process per config
 #                                        # (upstream SonicMoE importable: ../shared/anchors/README.md)
+#   NCU_SBS="paper-7b-n256 ..." ...      # also scripts/ncu_parts.sh --sidebyside per config (Nsight
+#                                        # Compute on both layers' kernels; reports in $OUT/ncu)
 # compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."
@@ -20,6 +22,7 @@ GTEST_BIN=${GTEST_BIN:-.carry/sonicmoe_gtest}
 STEPS=" ${STEPS:-gtest pytest memcheck racecheck sass bench demo} "
 [ -n "${QUALITY:-}" ] && STEPS+="quality "
 [ -n "${SBS:-}" ] && STEPS+="sbs "
+[ -n "${NCU_SBS:-}" ] && STEPS+="ncu "
 declare -A result
 
 step() {  # step NAME LOG COMMAND...: runs COMMAND where STEPS lists NAME before any '-' (build: always)
@@ -63,12 +66,16 @@ step demo demo.log python3 benchmarks/demo.py
 for c in ${SBS:-}; do  # one process per config: each prints its table and writes its JSON
   step "sbs-$c" "sbs-$c.log" env OUT="$OUT/sbs-$c" python3 benchmarks/sidebyside.py "$c"
 done
+for c in ${NCU_SBS:-}; do
+  step "ncu-$c" "ncu-$c.log" env OUT="$OUT/ncu" bash scripts/ncu_parts.sh --sidebyside "$c"
+done
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '%-8s %s\n' step result
 for s in build gtest pytest memcheck racecheck sass bench demo quality; do printf '%-8s %s\n' "$s" "${result[$s]:-not run}"; done
 for c in ${SBS:-}; do printf '%-8s %s\n' "sbs $c" "${result[sbs-$c]:-not run}"; done
+for c in ${NCU_SBS:-}; do printf '%-8s %s\n' "ncu $c" "${result[ncu-$c]:-not run}"; done
 grep -E "passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -1
 grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
 grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
