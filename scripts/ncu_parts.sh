@@ -12,8 +12,9 @@
 #   bash scripts/ncu_parts.sh --source backward_kernels K7_co_m256 olmoe-1b-7b
 # With --sidebyside CONFIG: every kernel of one forward + backward of this project's layer and of
 # upstream SonicMoE's (benchmarks/sidebyside.py with NCU=1; upstream importable as for it), the
-# full section set, as $OUT/ncu-sidebyside-CONFIG.ncu-rep, its details page and its raw metrics
-# (csv) beside it, for the kernel-by-kernel comparison (docs/performance.md §4.0).
+# full section set, as $OUT/ncu-sidebyside-CONFIG.ncu-rep, its details page, its raw metrics (csv)
+# and its source page (-source.csv: per-instruction counts and stall samples, for ncu_stalls.py)
+# beside it, for the kernel-by-kernel comparison (docs/performance.md §4.0).
 #   bash scripts/ncu_parts.sh --sidebyside paper-7b-n256
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,7 @@ if [ "${1:-}" = --sidebyside ]; then
     python3 benchmarks/sidebyside.py "$2"
   ncu --import "$report.ncu-rep" --page details >"$report.txt"
   ncu --import "$report.ncu-rep" --page raw --csv >"$report.csv"
+  ncu --import "$report.ncu-rep" --page source --csv --print-source sass >"$report-source.csv"
   exec grep -E "^  [a-zA-Z_]|Duration" "$report.txt"
 fi
 source=0
