@@ -329,9 +329,6 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation
     for name in names:
         row = measure(known[name], impls, rounds, profile_kernels, activation, ncu_range)
         result["rows"].append(row)
-        if ncu_range:
-            print(json.dumps(row), flush=True)
-            continue
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_kernels")}), flush=True)
         print_kernels(row, impls)
         path.write_text(json.dumps(result, indent=1))
