@@ -22,7 +22,13 @@
 namespace sonicmoe::autotune {
 namespace {
 
-constexpr int kTimedLaunches = 3;  // per candidate, after one warm-up; the fastest counts
+// A candidate's time is the median of kRounds windows, the candidates interleaved round by round.
+// A window is one untimed launch, then kWindowLaunches launches back to back between two events:
+// the start event queues behind the untimed launch, so no host launch latency is inside, and the
+// card runs the kernel back to back as in a layer's step (single launches after a host sync
+// ranked the tiles differently from the layer).
+constexpr int kRounds = 3;
+constexpr int kWindowLaunches = 4;
 
 struct DeviceCache {
   bool loaded = false;
@@ -65,7 +71,8 @@ std::string device_cache_path(int device) {
     return "";
   }
   // The keys of autotune.h, the number of tile configurations among them.
-  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-tiles" + std::to_string(kNumGemmTileConfigs) + "-" +
+  // "windows": the timing's name (time_candidates); choices of an earlier timing are timed again.
+  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-windows-tiles" + std::to_string(kNumGemmTileConfigs) + "-" +
          sanitized(prop.name) + "-sm" + std::to_string(prop.multiProcessorCount) + "-driver" +
          std::to_string(driver) + ".txt";
 }
@@ -124,34 +131,42 @@ void store(int device, const Key& key, GemmTileConfig config) {
   }
 }
 
-// Each candidate's fastest time (ms) of kTimedLaunches launches after a warm-up; -1 where a launch
-// failed (a shape the configuration does not take).
+// Each candidate's time (ms per launch, the median of its windows); -1 where a launch failed (a
+// shape the configuration does not take).
 Status time_candidates(const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
                        const std::function<Status(GemmTileConfig)>& launch, std::vector<float>* ms) {
-  ms->assign(candidates.size(), -1.0f);
-  std::vector<bool> ok(candidates.size());
-  for (size_t i = 0; i < candidates.size(); ++i) ok[i] = launch(candidates[i]).ok();
+  const size_t n = candidates.size();
+  ms->assign(n, -1.0f);
+  std::vector<bool> ok(n);
+  for (size_t i = 0; i < n; ++i) ok[i] = launch(candidates[i]).ok();
+  std::vector<std::vector<float>> windows(n);
   cudaEvent_t start = nullptr, stop = nullptr;
   SONICMOE_CUDA_TRY(cudaEventCreate(&start));
   Status status = cuda_status(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int rep = 0; rep < kTimedLaunches && status.ok(); ++rep)
-    for (size_t i = 0; i < candidates.size() && status.ok(); ++i) {
+  for (int round = 0; round < kRounds && status.ok(); ++round)
+    for (size_t j = 0; j < n && status.ok(); ++j) {
+      const size_t i = (j + round) % n;  // rotated: no candidate always follows the same one
       if (!ok[i]) continue;
-      status = cuda_status(cudaEventRecord(start, stream), "cudaEventRecord");
-      if (!status.ok()) break;
-      if (!launch(candidates[i]).ok()) {
+      bool launched = launch(candidates[i]).ok();
+      if (launched) status = cuda_status(cudaEventRecord(start, stream), "cudaEventRecord");
+      for (int l = 0; l < kWindowLaunches && launched && status.ok(); ++l) launched = launch(candidates[i]).ok();
+      if (!launched) {
         ok[i] = false;
-        (*ms)[i] = -1.0f;
         continue;
       }
-      status = cuda_status(cudaEventRecord(stop, stream), "cudaEventRecord");
+      if (status.ok()) status = cuda_status(cudaEventRecord(stop, stream), "cudaEventRecord");
       if (status.ok()) status = cuda_status(cudaEventSynchronize(stop), "cudaEventSynchronize");
       float t = 0.0f;
       if (status.ok()) status = cuda_status(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-      if (status.ok()) (*ms)[i] = rep == 0 ? t : std::min((*ms)[i], t);
+      if (status.ok()) windows[i].push_back(t / kWindowLaunches);
     }
   cudaEventDestroy(start);
   if (stop != nullptr) cudaEventDestroy(stop);
+  for (size_t i = 0; i < n && status.ok(); ++i) {
+    if (!ok[i] || windows[i].empty()) continue;
+    std::sort(windows[i].begin(), windows[i].end());
+    (*ms)[i] = windows[i][windows[i].size() / 2];
+  }
   return status;
 }
 

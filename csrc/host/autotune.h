@@ -9,7 +9,7 @@
 //                            ~/.cache/sonicmoe; empty: in memory only)
 //
 // A cache file is keyed by the device's name, SM count and driver version, by the library's
-// version and by the number of tile configurations (a file from before one was added never timed
+// version, by the timing's name and by the number of tile configurations (a file from before one was added never timed
 // it); a choice once cached is reused by every later call of its class (deterministic).
 // Tuning never runs while the stream is being captured into a CUDA graph (the rule's pick, or
 // the cached one, is launched instead), and torch.compile traces fake tensors, which never reach
@@ -78,8 +78,8 @@ std::string cache_path();
 
 // Runs a kAuto call: launch(config) enqueues the op with that configuration on stream. The cached
 // choice of key's class if there is one; otherwise, when tuning is on and the stream is not
-// capturing, times each candidate (one warm-up launch, then the fastest of three), caches the
-// choice and launches it; otherwise launches rule.
+// capturing, times each candidate (one warm-up launch, then the median of three windows of
+// back-to-back launches, autotune.cpp), caches the choice and launches it; otherwise launches rule.
 Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
            const std::function<Status(GemmTileConfig)>& launch);
 
