@@ -16,8 +16,19 @@
 # and its source page (-source.csv: per-instruction counts and stall samples, for ncu_stalls.py)
 # beside it, for the kernel-by-kernel comparison (docs/performance.md §4.0).
 #   bash scripts/ncu_parts.sh --sidebyside paper-7b-n256
+# With --durations CONFIG: only each kernel's duration (one replay a kernel, caches flushed) in one
+# forward + backward of the layers in IMPLS (default this project's), printed in launch order by
+# scripts/ncu_durations.py: a kernel change's effect per kernel, under scripts/ab_variants.sh.
+#   bash scripts/ab_variants.sh "bash scripts/ncu_parts.sh --durations qwen3-30b-a3b" change.diff
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --durations ]; then
+  [ $# -ge 2 ] || { echo "usage: $0 --durations CONFIG" >&2; exit 2; }
+  NCU=1 IMPLS=${IMPLS:-project} OUT=${OUT:-ncu-out}/sidebyside-$2 \
+    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+    python3 benchmarks/sidebyside.py "$2" | python3 scripts/ncu_durations.py
+  exit
+fi
 if [ "${1:-}" = --sidebyside ]; then
   [ $# -ge 2 ] || { echo "usage: $0 --sidebyside CONFIG" >&2; exit 2; }
   OUT=${OUT:-ncu-out}
