@@ -12,6 +12,8 @@
 #                                        # (upstream SonicMoE importable: ../shared/anchors/README.md)
 #   NCU_SBS="paper-7b-n256 ..." ...      # also scripts/ncu_parts.sh --sidebyside per config (Nsight
 #                                        # Compute on both layers' kernels; reports in $OUT/ncu)
+#   NCU_DUR="qwen3-235b-a22b ..." ...    # also ncu_parts.sh --durations per config, both layers
+#                                        # (each kernel's duration alone, in launch order)
 # compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ STEPS=" ${STEPS:-gtest pytest memcheck racecheck sass bench demo} "
 [ -n "${QUALITY:-}" ] && STEPS+="quality "
 [ -n "${SBS:-}" ] && STEPS+="sbs "
 [ -n "${NCU_SBS:-}" ] && STEPS+="ncu "
+[ -n "${NCU_DUR:-}" ] && STEPS+="ncudur "
 declare -A result
 
 step() {  # step NAME LOG COMMAND...: runs COMMAND where STEPS lists NAME before any '-' (build: always)
@@ -69,6 +72,9 @@ done
 for c in ${NCU_SBS:-}; do
   step "ncu-$c" "ncu-$c.log" env OUT="$OUT/ncu" bash scripts/ncu_parts.sh --sidebyside "$c"
 done
+for c in ${NCU_DUR:-}; do
+  step "ncudur-$c" "ncudur-$c.log" env IMPLS=project,upstream OUT="$OUT/ncu" bash scripts/ncu_parts.sh --durations "$c"
+done
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
@@ -76,6 +82,7 @@ printf '%-8s %s\n' step result
 for s in build gtest pytest memcheck racecheck sass bench demo quality; do printf '%-8s %s\n' "$s" "${result[$s]:-not run}"; done
 for c in ${SBS:-}; do printf '%-8s %s\n' "sbs $c" "${result[sbs-$c]:-not run}"; done
 for c in ${NCU_SBS:-}; do printf '%-8s %s\n' "ncu $c" "${result[ncu-$c]:-not run}"; done
+for c in ${NCU_DUR:-}; do printf '%-8s %s\n' "ncudur $c" "${result[ncudur-$c]:-not run}"; done
 grep -E "passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -1
 grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
 grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
