@@ -72,8 +72,8 @@ std::string device_cache_path(int device) {
   }
   // The keys of autotune.h, the number of tile configurations among them.
   // "windows": the timing's name (time_candidates); choices of an earlier timing are timed again.
-  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-windows-tiles" + std::to_string(kNumGemmTileConfigs) + "-" +
-         sanitized(prop.name) + "-sm" + std::to_string(prop.multiProcessorCount) + "-driver" +
+  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-windows-tiles" + std::to_string(kNumGemmTileConfigs) +
+         "-" + sanitized(prop.name) + "-sm" + std::to_string(prop.multiProcessorCount) + "-driver" +
          std::to_string(driver) + ".txt";
 }
 

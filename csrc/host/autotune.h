@@ -9,8 +9,9 @@
 //                            ~/.cache/sonicmoe; empty: in memory only)
 //
 // A cache file is keyed by the device's name, SM count and driver version, by the library's
-// version, by the timing's name and by the number of tile configurations (a file from before one was added never timed
-// it); a choice once cached is reused by every later call of its class (deterministic).
+// version, by the timing's name and by the number of tile configurations (a file from before one
+// was added never timed it); a choice once cached is reused by every later call of its class
+// (deterministic).
 // Tuning never runs while the stream is being captured into a CUDA graph (the rule's pick, or
 // the cached one, is launched instead), and torch.compile traces fake tensors, which never reach
 // this code. Tuning synchronises the host with the stream once, on the class's first call.
