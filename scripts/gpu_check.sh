@@ -13,7 +13,7 @@
 #   NCU_SBS="paper-7b-n256 ..." ...      # also scripts/ncu_parts.sh --sidebyside per config (Nsight
 #                                        # Compute on both layers' kernels; reports in $OUT/ncu)
 #   NCU_DUR="qwen3-235b-a22b ..." ...    # also ncu_parts.sh --durations per config, both layers
-#                                        # (each kernel's duration alone, in launch order)
+#                                        # (each kernel's duration alone, a table per layer)
 # compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."

@@ -17,16 +17,21 @@
 # beside it, for the kernel-by-kernel comparison (docs/performance.md §4.0).
 #   bash scripts/ncu_parts.sh --sidebyside paper-7b-n256
 # With --durations CONFIG: only each kernel's duration (one replay a kernel, caches flushed) in one
-# forward + backward of the layers in IMPLS (default this project's), printed in launch order by
-# scripts/ncu_durations.py: a kernel change's effect per kernel, under scripts/ab_variants.sh.
+# forward + backward of each layer in IMPLS (default this project's; one process and one table a
+# layer, so each sum is one layer's), printed in launch order by scripts/ncu_durations.py: a
+# kernel change's effect per kernel, under scripts/ab_variants.sh.
 #   bash scripts/ab_variants.sh "bash scripts/ncu_parts.sh --durations qwen3-30b-a3b" change.diff
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --durations ]; then
   [ $# -ge 2 ] || { echo "usage: $0 --durations CONFIG" >&2; exit 2; }
-  NCU=1 IMPLS=${IMPLS:-project} OUT=${OUT:-ncu-out}/sidebyside-$2 \
-    ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-    python3 benchmarks/sidebyside.py "$2" | python3 scripts/ncu_durations.py
+  IMPLS=${IMPLS:-project}
+  for impl in ${IMPLS//,/ }; do
+    echo "== $impl, $2"
+    NCU=1 IMPLS=$impl OUT=${OUT:-ncu-out}/sidebyside-$2-$impl \
+      ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+      python3 benchmarks/sidebyside.py "$2" | python3 scripts/ncu_durations.py
+  done
   exit
 fi
 if [ "${1:-}" = --sidebyside ]; then
