@@ -376,7 +376,7 @@ def bench_moe_backward(name, cfg, anchor_rows):
     row = {"config": name, "activation": act}
     if MEASURE_ENERGY:  # ours only: the step's power and clock, the backward's energy per step
         power = energy_interleaved({k: fns[k] for k in ("sonicmoe_fwd", "sonicmoe_fwd_bwd")}, ms)
-        for k, (watts, mhz) in power.items():
+        for k, (watts, mhz, _) in power.items():
             row[f"{k}_W"], row[f"{k}_MHz"], row[f"{k}_J"] = watts, mhz, watts * ms[k] / 1e3
         row["sonicmoe_bwd_J"] = row["sonicmoe_fwd_bwd_J"] - row["sonicmoe_fwd_J"]
         row["sonicmoe_bwd_pJ_per_flop"] = row["sonicmoe_bwd_J"] * 1e12 / (fwd_bwd - fwd)
@@ -670,8 +670,9 @@ def _nvml_readers():
 
 
 def mean_power_w(fn, ms_per_call, read, clock=None, seconds=0.6, settle=0.2, give_up=10.0):
-    """The card's mean power (W) while fn runs back to back, and the median SM clock (MHz) read at
-    each energy-counter step inside the window (NaN without a clock reader). Calls are queued in
+    """The card's mean power (W) while fn runs back to back, the median SM clock (MHz) read at
+    each energy-counter step inside the window (NaN without a clock reader), and the window's time
+    per call (ms: the calls done inside it, counted to a chunk, the same lag at both ends). Calls are queued in
     chunks of about 2 ms of GPU work, the host staying two chunks ahead (so the GPU never idles
     and the queue drains at once at the end), and the energy counter is read after each chunk: it
     moves in steps, tens of ms apart on some cards. The window runs from the first step seen
@@ -680,10 +681,11 @@ def mean_power_w(fn, ms_per_call, read, clock=None, seconds=0.6, settle=0.2, giv
     chunk = max(1, int(2.0 / ms_per_call))
     torch.cuda.synchronize()
     t_start = time.perf_counter()
-    last, window, queued, mhz = read(), None, [], []
+    last, window, queued, mhz, issued = read(), None, [], [], 0
     while True:
         for _ in range(chunk):
             fn()
+        issued += chunk
         queued.append(torch.cuda.Event())
         queued[-1].record()
         if len(queued) > 2:
@@ -691,24 +693,27 @@ def mean_power_w(fn, ms_per_call, read, clock=None, seconds=0.6, settle=0.2, giv
         now, value = time.perf_counter(), read()
         if now - t_start > give_up:
             torch.cuda.synchronize()
-            return float("nan"), float("nan")
+            return float("nan"), float("nan"), float("nan")
         if value == last:
             continue
         last = value
+        done = issued - chunk * len(queued)
         if window is None:
             if now - t_start >= settle:
-                window = (value, now)
+                window = (value, now, done)
         elif now - window[1] >= seconds:
             break
         elif clock is not None:
             mhz.append(clock())  # the GPU is still busy: two chunks are queued behind this one
     torch.cuda.synchronize()
-    return (value - window[0]) / 1e3 / (now - window[1]), (statistics.median(mhz) if mhz else float("nan"))
+    seconds_in = now - window[1]
+    return ((value - window[0]) / 1e3 / seconds_in, (statistics.median(mhz) if mhz else float("nan")),
+            seconds_in * 1e3 / max(done - window[2], 1))
 
 
 def energy_interleaved(fns, ms, rounds=3):
-    """Median mean power (W) and SM clock (MHz) of each fn over rounds that take turns as
-    time_interleaved's do; ms: each fn's time per call (to size the windows)."""
+    """Median mean power (W), SM clock (MHz) and time per call in the window (ms) of each fn over
+    rounds that take turns as time_interleaved's do; ms: each fn's time per call (to size the windows)."""
     read, clock = _nvml_readers()
     names = list(fns)
     samples = {name: [] for name in names}
@@ -732,7 +737,7 @@ def time_kernels(name, fns, parts=None):
         row[f"{k}_us"] = ms[k] * 1e3
         row[f"{k}_tflops"] = flops / ms[k] / 1e9
         if k in power:
-            watts, row[f"{k}_MHz"] = power[k]
+            watts, row[f"{k}_MHz"], _ = power[k]
             row[f"{k}_W"] = watts
             row[f"{k}_mJ"] = watts * ms[k]
             row[f"{k}_pJ_per_flop"] = watts * ms[k] * 1e9 / flops

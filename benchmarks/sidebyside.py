@@ -13,6 +13,10 @@ range over the rounds.
        (default swiglu); upstream is timed with SwiGLU only, so another activation leaves it out
        PROFILE=1: also each layer's kernels in one forward + backward (torch.profiler), per config,
        for the kernel-by-kernel table of docs/performance.md
+       ENERGY=1: also each layer's forward and forward + backward run back to back for 0.6 s (after
+       0.2 s), interleaved, 3 rounds: the card's mean power, SM clock, time and energy per call
+       there (NVML's energy counter, as bench.py --energy): at the power cap a training step's
+       speed is its energy per call, so this ratio is the one a long run sees
        NCU=1: no timing; each layer's forward + backward once between cudaProfilerStart / Stop after
        its warm-up, for Nsight Compute started with collection off (scripts/ncu_parts.sh --sidebyside)
 The table also gives each layer's GPU time (ms, median) beside its host time to issue the same
@@ -41,7 +45,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench import kept_mib, profile_one_call, torch_grouped_mm_layer  # noqa: E402
+from bench import energy_interleaved, kept_mib, profile_one_call, torch_grouped_mm_layer  # noqa: E402
 
 # (name, T, d, n, E, K): the paper's Table 9b shapes and the anchors' real models.
 CONFIGS = [
@@ -209,7 +213,22 @@ def paired_ratios(ours, other):
     return out
 
 
-def measure(config, impls, rounds, profile_kernels=False, activation="swiglu", ncu_range=False):
+def sustained(fns, ms):
+    """Per layer and call (fwd, fwd_bwd): mean power (W), SM clock (MHz), time (ms) and energy (J)
+    per call while it runs back to back (bench.energy_interleaved); ms: {impl: (fwd, fwd_bwd) ms}."""
+    calls, call_ms = {}, {}
+    for impl, (fwd, fwd_bwd) in fns.items():
+        for kind, fn, t in (("fwd", fwd, ms[impl][0]), ("fwd_bwd", fwd_bwd, ms[impl][1])):
+            calls[impl, kind], call_ms[impl, kind] = fn, t
+    readings = energy_interleaved(calls, call_ms)
+    out = {impl: {} for impl in fns}
+    for (impl, kind), (watts, mhz, call_ms) in readings.items():
+        out[impl].update({f"{kind}_W": watts, f"{kind}_MHz": mhz, f"{kind}_ms": call_ms,
+                          f"{kind}_J": watts * call_ms / 1e3})
+    return out
+
+
+def measure(config, impls, rounds, profile_kernels=False, activation="swiglu", ncu_range=False, energy=False):
     name, T, d, n, E, K = config
     row = {"config": name, "shape": [T, d, n, E, K], "activation": activation}
     flops = 6 * T * K * d * n
@@ -235,6 +254,13 @@ def measure(config, impls, rounds, profile_kernels=False, activation="swiglu", n
             times[impl]["f"].append(bench(fwd))
             times[impl]["fb"].append(bench(fwd_bwd))
     host = {impl: (host_issue_ms(fwd), host_issue_ms(fwd_bwd)) for impl, (fwd, fwd_bwd) in fns.items()}
+    if energy:
+        medians = {impl: tuple(statistics.median(times[impl][k]) for k in ("f", "fb")) for impl in fns}
+        row["sustained"] = sustained(fns, medians)
+        if "project" in fns and "upstream" in fns:
+            ours, up = row["sustained"]["project"], row["sustained"]["upstream"]
+            row["project_over_upstream_sustained"] = {
+                f"{kind}_{q}": up[f"{kind}_{q}"] / ours[f"{kind}_{q}"] for kind in ("fwd", "fwd_bwd") for q in ("ms", "J")}
     if profile_kernels:
         for impl, (_, fwd_bwd) in fns.items():
             row[f"{impl}_kernels"] = kernel_table(fwd_bwd)
@@ -291,6 +317,15 @@ def print_table(result, impls):
                 print(f"{'':<20}project / {other}: " + "  ".join(
                     f"{label} {q[k]:.3f}{span.get(k, '')}"
                     for label, k in (("fwd", "fwd_tflops"), ("bwd", "bwd_tflops"), ("fwd+bwd", "fwd_bwd_tflops"))))
+        for impl, x in r.get("sustained", {}).items():
+            print(f"{'':<20}{impl:<10}sustained: fwd {x['fwd_ms']:.2f} ms {x['fwd_J']:.2f} J {x['fwd_W']:.0f} W "
+                  f"{x['fwd_MHz']:.0f} MHz; f+b {x['fwd_bwd_ms']:.2f} ms {x['fwd_bwd_J']:.2f} J "
+                  f"{x['fwd_bwd_W']:.0f} W {x['fwd_bwd_MHz']:.0f} MHz")
+        q = r.get("project_over_upstream_sustained")
+        if q:
+            print(f"{'':<20}project / upstream sustained (upstream's time or energy a call over ours): "
+                  f"fwd {q['fwd_ms']:.3f} time, {q['fwd_J']:.3f} energy; fwd+bwd {q['fwd_bwd_ms']:.3f} time, "
+                  f"{q['fwd_bwd_J']:.3f} energy")
 
 
 def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation=None):
@@ -312,6 +347,7 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation
     rounds = rounds or int(os.environ.get("ROUNDS", "3"))
     profile_kernels = os.environ.get("PROFILE", "") not in ("", "0")
     ncu_range = os.environ.get("NCU", "") not in ("", "0")
+    energy = os.environ.get("ENERGY", "") not in ("", "0")
     known = {c[0]: c for c in CONFIGS + MODELS}
     names = list(names) or [c[0] for c in CONFIGS]
     if "all" in names:
@@ -327,7 +363,7 @@ def run(names=(), impls=None, rounds=None, out_dir=None, commit=None, activation
     a = torch.randn(8192, 8192, device=dev, dtype=dt)
     result["dense_tflops_before"] = 2 * 8192**3 / bench(lambda: a @ a, 5, 20) / 1e9
     for name in names:
-        row = measure(known[name], impls, rounds, profile_kernels, activation, ncu_range)
+        row = measure(known[name], impls, rounds, profile_kernels, activation, ncu_range, energy)
         result["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_kernels")}), flush=True)
         print_kernels(row, impls)

@@ -64,3 +64,24 @@ def test_paired_ratios_cancel_a_drift_common_to_both_layers(sidebyside):
     per_round = sidebyside.paired_ratios(ours, other)
     for key in ("fwd_tflops", "bwd_tflops", "fwd_bwd_tflops"):
         assert per_round[key] == pytest.approx([1.1] * 3)
+
+
+def test_sustained_reads_each_layer_and_call_and_prints_the_ratios(sidebyside, monkeypatch, capsys):
+    # A fake energy_interleaved: upstream draws the same power but takes 5% longer a call.
+    def readings(calls, ms):
+        assert set(calls) == {("project", "fwd"), ("project", "fwd_bwd"), ("upstream", "fwd"), ("upstream", "fwd_bwd")}
+        return {key: (650.0, 1500.0, ms[key] * 1.2) for key in calls}
+
+    monkeypatch.setattr(sidebyside, "energy_interleaved", readings)
+    fns = {"project": (None, None), "upstream": (None, None)}
+    out = sidebyside.sustained(fns, {"project": (10.0, 30.0), "upstream": (10.5, 31.5)})
+    assert out["project"]["fwd_bwd_ms"] == pytest.approx(36.0)
+    assert out["project"]["fwd_bwd_J"] == pytest.approx(650.0 * 36.0 / 1e3)
+    assert out["upstream"]["fwd_MHz"] == 1500.0
+    q = {f"{k}_{x}": out["upstream"][f"{k}_{x}"] / out["project"][f"{k}_{x}"]
+         for k in ("fwd", "fwd_bwd") for x in ("ms", "J")}
+    row = {"config": "c", "project": {}, "sustained": out, "project_over_upstream_sustained": q}
+    sidebyside.print_table({"device": "d", "commit": "x", "when": "w", "dense_tflops_before": 1.0,
+                            "dense_tflops_after": 1.0, "rows": [row]}, [])
+    text = capsys.readouterr().out
+    assert "fwd+bwd 1.050 time, 1.050 energy" in text and "f+b 36.00 ms 23.40 J 650 W 1500 MHz" in text
