@@ -1,0 +1,97 @@
+"""An A/B of the layer's backward rules in one process on one card: sonicmoe.moe's forward +
+backward at one config under each variant of python/sonicmoe/functional.py's rules, timed as
+benchmarks/sidebyside.py times a layer (interleaved rounds in a rotating order, each the median
+of 10 calls after 3; a variant's speed over the base's paired within a round) and back to back at
+the card's power cap (sidebyside's ENERGY windows: time, energy, power and SM clock a call).
+
+  python3 benchmarks/ab_rules.py CONFIG [VARIANT ...]     env: ROUNDS=6
+
+Variants (default: all of them; `base` always runs, and a variant that is the base's rule at
+CONFIG runs the same code, so it reads the spread of two identical layers):
+  base          the rules as they stand
+  dw1=k7        dW1 on K7 (x gathered in its loads) at every n
+  dw1=copy      dW1 by torch._grouped_mm over a gathered copy of x at every n
+  tail=beside   the backward's tail on a second stream beside K5 / K7 at every n
+  tail=after    the tail after K5 / K7 at every n
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import sidebyside  # noqa: E402
+from sonicmoe import functional  # noqa: E402
+
+# Each variant: the functional.py rule it replaces and the replacement (same signature).
+VARIANTS = {
+    "dw1=k7": ("_dw1_on_k7", lambda n, device=None: True),
+    "dw1=copy": ("_dw1_on_k7", lambda n, device=None: False),
+    "tail=beside": ("_tail_beside_weight_grads", lambda x, n, partial_rows: x.is_cuda and not partial_rows),
+    "tail=after": ("_tail_beside_weight_grads", lambda x, n, partial_rows: False),
+}
+
+
+def check_variants(names):
+    unknown = [v for v in names if v != "base" and v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"variants {unknown} are unknown; must be among base, {', '.join(VARIANTS)}")
+    return ["base"] + [v for v in names if v != "base"]
+
+
+def under(variant, fn):
+    """fn with functional.py's rule swapped for the variant's while it runs (the backward's
+    autograd thread reads the module's global during fn), restored after."""
+    if variant == "base":
+        return fn
+    rule, replacement = VARIANTS[variant]
+
+    def call():
+        kept = getattr(functional, rule)
+        setattr(functional, rule, replacement)
+        try:
+            return fn()
+        finally:
+            setattr(functional, rule, kept)
+    return call
+
+
+def main(argv):
+    if not argv:
+        sys.exit(__doc__)
+    known = {c[0]: c for c in sidebyside.CONFIGS + sidebyside.MODELS}
+    if argv[0] not in known:
+        raise ValueError(f"config {argv[0]!r} is unknown; must be among {sorted(known)}")
+    variants = check_variants(argv[1:] or list(VARIANTS))
+    rounds = int(os.environ.get("ROUNDS", "6"))
+    _, T, d, n, E, K = known[argv[0]]
+    _, fwd_bwd = sidebyside.project_fns(T, d, n, E, K)
+    fns = {v: under(v, fwd_bwd) for v in variants}
+    for fn in fns.values():  # the autotuner's first calls, and each path's allocations
+        fn()
+    times = {v: [] for v in fns}
+    for r in range(rounds):
+        for v in sidebyside.rotated(list(fns), r):
+            times[v].append(sidebyside.bench(fns[v]))
+    medians = {v: statistics.median(t) for v, t in times.items()}
+    readings = sidebyside.energy_interleaved(fns, medians)
+    print(f"{torch.cuda.get_device_name()}, {argv[0]} (T {T}, d {d}, n {n}, E {E}, K {K}), fwd+bwd, {rounds} rounds")
+    print(f"{'variant':<13}{'ms':>8}  {'speed / base (range)':<24}  sustained: ms, J, W, MHz a call; speed, energy / base")
+    base_ms, base_j = readings["base"][2], readings["base"][0] * readings["base"][2] / 1e3
+    for v in fns:
+        ratios = [b / x for b, x in zip(times["base"], times[v])]
+        watts, mhz, call_ms = readings[v]
+        joules = watts * call_ms / 1e3
+        print(f"{v:<13}{medians[v]:8.2f}  {statistics.median(ratios):.4f} ({min(ratios):.3f}-{max(ratios):.3f})"
+              f"{'':<6}  {call_ms:.2f}, {joules:.2f}, {watts:.0f}, {mhz:.0f}; {base_ms / call_ms:.4f}, {base_j / joules:.4f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
