@@ -14,6 +14,8 @@
 #                                        # Compute on both layers' kernels; reports in $OUT/ncu)
 #   NCU_DUR="qwen3-235b-a22b ..." ...    # also ncu_parts.sh --durations per config, both layers
 #                                        # (each kernel's duration alone, a table per layer)
+#   AB_RULES="qwen3-235b-a22b ..." ...   # also benchmarks/ab_rules.py per config (the backward's
+#                                        # rules A/B, timed and at the power cap)
 # compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."
@@ -26,6 +28,7 @@ STEPS=" ${STEPS:-gtest pytest memcheck racecheck sass bench demo} "
 [ -n "${SBS:-}" ] && STEPS+="sbs "
 [ -n "${NCU_SBS:-}" ] && STEPS+="ncu "
 [ -n "${NCU_DUR:-}" ] && STEPS+="ncudur "
+[ -n "${AB_RULES:-}" ] && STEPS+="abrules "
 declare -A result
 
 step() {  # step NAME LOG COMMAND...: runs COMMAND where STEPS lists NAME before any '-' (build: always)
@@ -75,6 +78,9 @@ done
 for c in ${NCU_DUR:-}; do
   step "ncudur-$c" "ncudur-$c.log" env IMPLS=project,upstream OUT="$OUT/ncu" bash scripts/ncu_parts.sh --durations "$c"
 done
+for c in ${AB_RULES:-}; do
+  step "abrules-$c" "abrules-$c.log" python3 benchmarks/ab_rules.py "$c"
+done
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
@@ -83,9 +89,11 @@ for s in build gtest pytest memcheck racecheck sass bench demo quality; do print
 for c in ${SBS:-}; do printf '%-8s %s\n' "sbs $c" "${result[sbs-$c]:-not run}"; done
 for c in ${NCU_SBS:-}; do printf '%-8s %s\n' "ncu $c" "${result[ncu-$c]:-not run}"; done
 for c in ${NCU_DUR:-}; do printf '%-8s %s\n' "ncudur $c" "${result[ncudur-$c]:-not run}"; done
+for c in ${AB_RULES:-}; do printf '%-8s %s\n' "abrules $c" "${result[abrules-$c]:-not run}"; done
 grep -E "passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -1
 grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
 grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
 cat "$OUT/sass_summary.txt" 2>/dev/null | head -8
 [ -f "$OUT/bench.log" ] && sed -n '/^config/,$p' "$OUT/bench.log"
 for c in ${SBS:-}; do grep -h -E "^$c |project / " "$OUT/sbs-$c.log" 2>/dev/null || true; done
+for c in ${AB_RULES:-}; do sed -n '/^variant/,$p' "$OUT/abrules-$c.log" 2>/dev/null || true; done
