@@ -46,3 +46,24 @@ def test_a_variant_holds_only_while_its_call_runs(ab_rules):
         ab_rules.under("tail=after", fails)()
     assert functional._tail_beside_weight_grads.__name__ == "_tail_beside_weight_grads"
     assert ab_rules.under("base", fails) is fails
+
+
+def test_main_times_every_variant_against_the_base(ab_rules, monkeypatch, capsys):
+    from sonicmoe import functional
+
+    calls = []
+    monkeypatch.setattr(ab_rules.sidebyside, "project_fns",
+                        lambda T, d, n, E, K: (None, lambda: calls.append(functional._dw1_on_k7(n))))
+    # K7 (the variant: the rule read True during its call) 5% faster than the base's copy path
+    monkeypatch.setattr(ab_rules.sidebyside, "bench", lambda fn: (fn(), 9.5 if calls[-1] else 10.0)[1])
+    monkeypatch.setattr(ab_rules.sidebyside, "energy_interleaved",
+                        lambda fns, ms: {v: (700.0, 1400.0, ms[v] * 1.1) for v in fns})
+    monkeypatch.setattr(ab_rules.torch.cuda, "get_device_name", lambda: "card")
+    ab_rules.main(["qwen3-235b-a22b", "dw1=k7"])
+    out = capsys.readouterr().out
+    assert "card, qwen3-235b-a22b (T 32768, d 4096, n 1536, E 128, K 8), fwd+bwd, 6 rounds" in out
+    assert len(calls) == 2 + 12 and calls[:2] == [False, True]  # n 1536: the base's rule is the copy
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert set(rows) == {"base", "dw1=k7"}
+    assert "10.00  1.0000 (1.000-1.000)" in rows["base"] and "11.00, 7.70, 700, 1400; 1.0000, 1.0000" in rows["base"]
+    assert "9.50  1.0526 (1.053-1.053)" in rows["dw1=k7"] and "10.45, 7.32, 700, 1400; 1.0526, 1.0526" in rows["dw1=k7"]
