@@ -82,8 +82,10 @@ def main(argv):
             times[v].append(sidebyside.bench(fns[v]))
     medians = {v: statistics.median(t) for v, t in times.items()}
     readings = sidebyside.energy_interleaved(fns, medians)
-    print(f"{torch.cuda.get_device_name()}, {argv[0]} (T {T}, d {d}, n {n}, E {E}, K {K}), fwd+bwd, {rounds} rounds")
-    print(f"{'variant':<13}{'ms':>8}  {'speed / base (range)':<24}  sustained: ms, J, W, MHz a call; speed, energy / base")
+    print(f"{torch.cuda.get_device_name()}, {argv[0]} (T {T}, d {d}, n {n}, E {E}, K {K}), fwd+bwd, "
+          f"{rounds} rounds")
+    print(f"{'variant':<13}{'ms':>8}  {'speed / base (range)':<24}  "
+          "sustained: ms, J, W, MHz a call; speed, energy / base")
     base_ms, base_j = readings["base"][2], readings["base"][0] * readings["base"][2] / 1e3
     for v in fns:
         ratios = [b / x for b, x in zip(times["base"], times[v])]

@@ -260,7 +260,8 @@ def measure(config, impls, rounds, profile_kernels=False, activation="swiglu", n
         if "project" in fns and "upstream" in fns:
             ours, up = row["sustained"]["project"], row["sustained"]["upstream"]
             row["project_over_upstream_sustained"] = {
-                f"{kind}_{q}": up[f"{kind}_{q}"] / ours[f"{kind}_{q}"] for kind in ("fwd", "fwd_bwd") for q in ("ms", "J")}
+                f"{kind}_{q}": up[f"{kind}_{q}"] / ours[f"{kind}_{q}"]
+                for kind in ("fwd", "fwd_bwd") for q in ("ms", "J")}
     if profile_kernels:
         for impl, (_, fwd_bwd) in fns.items():
             row[f"{impl}_kernels"] = kernel_table(fwd_bwd)
