@@ -11,8 +11,15 @@ import pytest
 
 @pytest.fixture(scope="module")
 def ab_rules():
+    # ab_rules puts the source tree's python/ first on sys.path (as every benchmark does); the
+    # path is restored after this module's tests, so that the processes later tests spawn (the
+    # distributed ranks) import the package under test, not the source tree.
+    saved = list(sys.path)
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-    return importlib.import_module("ab_rules")
+    try:
+        yield importlib.import_module("ab_rules")
+    finally:
+        sys.path[:] = saved
 
 
 def test_each_variant_replaces_a_rule_with_its_signature(ab_rules):
