@@ -12,6 +12,8 @@ CONFIG runs the same code, so it reads the spread of two identical layers):
   dw1=k7        dW1 on K7 (x gathered in its loads) at every n
   dw1=copy      dW1 by torch._grouped_mm over a gathered copy of x at every n
   tail=beside   the backward's tail on a second stream beside K5 / K7 at every n
+  tail=beside16 the same, K5 / K7 leaving it 16 SMs (not 4): at the power cap the GEMMs' rate
+                follows the power more than the SMs they hold
   tail=after    the tail after K5 / K7 at every n
 """
 
@@ -30,12 +32,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sidebyside  # noqa: E402
 from sonicmoe import functional  # noqa: E402
 
-# Each variant: the functional.py rule it replaces and the replacement (same signature).
+def _beside(x, n, partial_rows):
+    return x.is_cuda and not partial_rows
+
+
+# Each variant: the functional.py names it replaces and their replacements (a rule's with the
+# rule's signature).
 VARIANTS = {
-    "dw1=k7": ("_dw1_on_k7", lambda n, device=None: True),
-    "dw1=copy": ("_dw1_on_k7", lambda n, device=None: False),
-    "tail=beside": ("_tail_beside_weight_grads", lambda x, n, partial_rows: x.is_cuda and not partial_rows),
-    "tail=after": ("_tail_beside_weight_grads", lambda x, n, partial_rows: False),
+    "dw1=k7": {"_dw1_on_k7": lambda n, device=None: True},
+    "dw1=copy": {"_dw1_on_k7": lambda n, device=None: False},
+    "tail=beside": {"_tail_beside_weight_grads": _beside},
+    "tail=beside16": {"_tail_beside_weight_grads": _beside, "_TAIL_SM_MARGIN": 16},
+    "tail=after": {"_tail_beside_weight_grads": lambda x, n, partial_rows: False},
 }
 
 
@@ -47,19 +55,21 @@ def check_variants(names):
 
 
 def under(variant, fn):
-    """fn with functional.py's rule swapped for the variant's while it runs (the backward's
-    autograd thread reads the module's global during fn), restored after."""
+    """fn with functional.py's names swapped for the variant's while it runs (the backward's
+    autograd thread reads the module's globals during fn), restored after."""
     if variant == "base":
         return fn
-    rule, replacement = VARIANTS[variant]
+    swaps = VARIANTS[variant]
 
     def call():
-        kept = getattr(functional, rule)
-        setattr(functional, rule, replacement)
+        kept = {name: getattr(functional, name) for name in swaps}
+        for name, value in swaps.items():
+            setattr(functional, name, value)
         try:
             return fn()
         finally:
-            setattr(functional, rule, kept)
+            for name, value in kept.items():
+                setattr(functional, name, value)
     return call
 
 
@@ -84,15 +94,16 @@ def main(argv):
     readings = sidebyside.energy_interleaved(fns, medians)
     print(f"{torch.cuda.get_device_name()}, {argv[0]} (T {T}, d {d}, n {n}, E {E}, K {K}), fwd+bwd, "
           f"{rounds} rounds")
-    print(f"{'variant':<13}{'ms':>8}  {'speed / base (range)':<24}  "
+    print(f"{'variant':<14}{'ms':>7}  {'speed / base (range)':<24}  "
           "sustained: ms, J, W, MHz a call; speed, energy / base")
     base_ms, base_j = readings["base"][2], readings["base"][0] * readings["base"][2] / 1e3
     for v in fns:
         ratios = [b / x for b, x in zip(times["base"], times[v])]
         watts, mhz, call_ms = readings[v]
         joules = watts * call_ms / 1e3
-        print(f"{v:<13}{medians[v]:8.2f}  {statistics.median(ratios):.4f} ({min(ratios):.3f}-{max(ratios):.3f})"
-              f"{'':<6}  {call_ms:.2f}, {joules:.2f}, {watts:.0f}, {mhz:.0f}; {base_ms / call_ms:.4f}, {base_j / joules:.4f}")
+        print(f"{v:<14}{medians[v]:7.2f}  {statistics.median(ratios):.4f} ({min(ratios):.3f}-{max(ratios):.3f})"
+              f"{'':<6}  {call_ms:.2f}, {joules:.2f}, {watts:.0f}, {mhz:.0f}; "
+              f"{base_ms / call_ms:.4f}, {base_j / joules:.4f}")
 
 
 if __name__ == "__main__":

@@ -22,12 +22,17 @@ def ab_rules():
         sys.path[:] = saved
 
 
-def test_each_variant_replaces_a_rule_with_its_signature(ab_rules):
+def test_each_variant_replaces_functional_names_in_kind(ab_rules):
     from sonicmoe import functional
 
-    for name, (rule, replacement) in ab_rules.VARIANTS.items():
-        original = getattr(functional, rule)
-        assert list(inspect.signature(replacement).parameters) == list(inspect.signature(original).parameters), name
+    for variant, swaps in ab_rules.VARIANTS.items():
+        for name, value in swaps.items():
+            original = getattr(functional, name)
+            if callable(original):
+                params = list(inspect.signature(original).parameters)
+                assert list(inspect.signature(value).parameters) == params, variant
+            else:
+                assert type(value) is type(original), variant
 
 
 def test_unknown_variants_are_refused_and_base_runs_first(ab_rules):
@@ -52,6 +57,9 @@ def test_a_variant_holds_only_while_its_call_runs(ab_rules):
     with pytest.raises(RuntimeError):
         ab_rules.under("tail=after", fails)()
     assert functional._tail_beside_weight_grads.__name__ == "_tail_beside_weight_grads"
+    margin, margins = functional._TAIL_SM_MARGIN, []
+    ab_rules.under("tail=beside16", lambda: margins.append(functional._TAIL_SM_MARGIN))()
+    assert margins == [16] and functional._TAIL_SM_MARGIN == margin
     assert ab_rules.under("base", fails) is fails
 
 
