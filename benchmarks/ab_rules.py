@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sidebyside  # noqa: E402
 from sonicmoe import functional  # noqa: E402
 
-def _beside(x, n, partial_rows):
+
+def _beside(x, n, partial_rows):  # the rule's other conditions (eager CUDA, top-K layouts), any n
     return x.is_cuda and not partial_rows
 
 
