@@ -25,11 +25,8 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=/usr/local/cuda/bin:$PATH PY
 GTEST_BIN=${GTEST_BIN:-.carry/sonicmoe_gtest}
 STEPS=" ${STEPS:-gtest pytest memcheck racecheck sass bench demo} "
 [ -n "${QUALITY:-}" ] && STEPS+="quality "
-[ -n "${SBS:-}" ] && STEPS+="sbs "
-[ -n "${NCU_SBS:-}" ] && STEPS+="ncu "
-[ -n "${NCU_DUR:-}" ] && STEPS+="ncudur "
-[ -n "${AB_RULES:-}" ] && STEPS+="abrules "
 declare -A result
+config_steps=()  # each_config's steps (NAME-CONFIG), in order, for the summary
 
 step() {  # step NAME LOG COMMAND...: runs COMMAND where STEPS lists NAME before any '-' (build: always)
   local name=$1 log=$2; shift 2
@@ -38,6 +35,15 @@ step() {  # step NAME LOG COMMAND...: runs COMMAND where STEPS lists NAME before
   if timeout "${STEP_TIMEOUT:-900}" "$@" >"$OUT/$log" 2>&1; then result[$name]="ok"; else result[$name]="FAILED (rc=$?)"; fi
   result[$name]="${result[$name]} $((SECONDS - t0))s"
   echo "== $name: ${result[$name]}"; tail -n 3 "$OUT/$log"
+}
+
+each_config() {  # each_config NAME "CONFIGS" COMMAND...: step NAME-c for each config c, {} in COMMAND
+  local name=$1 configs=$2 c; shift 2
+  STEPS+="$name "  # a config list given is a step asked for
+  for c in $configs; do
+    config_steps+=("$name-$c")
+    step "$name-$c" "$name-$c.log" "${@//\{\}/$c}"
+  done
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt" 2>&1
@@ -69,27 +75,17 @@ step bench bench.log python3 benchmarks/bench.py --all-tiles --out "$OUT" \
 # token-rounding quality check (two short trainings), with QUALITY=1
 step quality quality.log python3 benchmarks/quality_token_rounding.py --out "$OUT/quality"
 step demo demo.log python3 benchmarks/demo.py
-for c in ${SBS:-}; do  # one process per config: each prints its table and writes its JSON
-  step "sbs-$c" "sbs-$c.log" env OUT="$OUT/sbs-$c" python3 benchmarks/sidebyside.py "$c"
-done
-for c in ${NCU_SBS:-}; do
-  step "ncu-$c" "ncu-$c.log" env OUT="$OUT/ncu" bash scripts/ncu_parts.sh --sidebyside "$c"
-done
-for c in ${NCU_DUR:-}; do
-  step "ncudur-$c" "ncudur-$c.log" env IMPLS=project,upstream OUT="$OUT/ncu" bash scripts/ncu_parts.sh --durations "$c"
-done
-for c in ${AB_RULES:-}; do
-  step "abrules-$c" "abrules-$c.log" python3 benchmarks/ab_rules.py "$c"
-done
+# One process per config: each prints its table and writes its JSON.
+each_config sbs "${SBS:-}" env OUT="$OUT/sbs-{}" python3 benchmarks/sidebyside.py {}
+each_config ncu "${NCU_SBS:-}" env OUT="$OUT/ncu" bash scripts/ncu_parts.sh --sidebyside {}
+each_config ncudur "${NCU_DUR:-}" env IMPLS=project,upstream OUT="$OUT/ncu" bash scripts/ncu_parts.sh --durations {}
+each_config abrules "${AB_RULES:-}" python3 benchmarks/ab_rules.py {}
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '%-8s %s\n' step result
 for s in build gtest pytest memcheck racecheck sass bench demo quality; do printf '%-8s %s\n' "$s" "${result[$s]:-not run}"; done
-for c in ${SBS:-}; do printf '%-8s %s\n' "sbs $c" "${result[sbs-$c]:-not run}"; done
-for c in ${NCU_SBS:-}; do printf '%-8s %s\n' "ncu $c" "${result[ncu-$c]:-not run}"; done
-for c in ${NCU_DUR:-}; do printf '%-8s %s\n' "ncudur $c" "${result[ncudur-$c]:-not run}"; done
-for c in ${AB_RULES:-}; do printf '%-8s %s\n' "abrules $c" "${result[abrules-$c]:-not run}"; done
+for k in "${config_steps[@]}"; do printf '%-8s %s\n' "${k%%-*} ${k#*-}" "${result[$k]:-not run}"; done
 grep -E "passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -1
 grep -E "PASSED|FAILED|SKIPPED" "$OUT/gtest.log" 2>/dev/null | grep "^\[  " | head -3
 grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
