@@ -15,6 +15,8 @@ CONFIG runs the same code, so it reads the spread of two identical layers):
   tail=beside16 the same, K5 / K7 leaving it 16 SMs (not 4): at the power cap the GEMMs' rate
                 follows the power more than the SMs they hold
   tail=after    the tail after K5 / K7 at every n
+  tune=windows  the tiles the autotuner chooses without its settle (SONICMOE_AUTOTUNE_SETTLE_MS=0,
+                its own cache file; csrc/host/autotune.h): the settle's choices against these
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 
 import torch
 
@@ -46,12 +49,18 @@ VARIANTS = {
     "tail=beside16": {"_tail_beside_weight_grads": _beside, "_TAIL_SM_MARGIN": 16},
     "tail=after": {"_tail_beside_weight_grads": lambda x, n, partial_rows: False},
 }
+# Variants of the environment instead: the autotuner's choices held in memory are dropped on the
+# way in and out, so each call reads its own timing's cache file (tuned on the warm-up call).
+ENV_VARIANTS = {
+    "tune=windows": {"SONICMOE_AUTOTUNE_SETTLE_MS": "0"},
+}
 
 
 def check_variants(names):
-    unknown = [v for v in names if v != "base" and v not in VARIANTS]
+    unknown = [v for v in names if v != "base" and v not in VARIANTS and v not in ENV_VARIANTS]
     if unknown:
-        raise ValueError(f"variants {unknown} are unknown; must be among base, {', '.join(VARIANTS)}")
+        raise ValueError(f"variants {unknown} are unknown; must be among base, "
+                         f"{', '.join([*VARIANTS, *ENV_VARIANTS])}")
     return ["base"] + [v for v in names if v != "base"]
 
 
@@ -60,6 +69,8 @@ def under(variant, fn):
     autograd thread reads the module's globals during fn), restored after."""
     if variant == "base":
         return fn
+    if variant in ENV_VARIANTS:
+        return _under_env(ENV_VARIANTS[variant], fn)
     swaps = VARIANTS[variant]
 
     def call():
@@ -74,19 +85,42 @@ def under(variant, fn):
     return call
 
 
+def _under_env(env, fn):
+    import sonicmoe
+
+    def call():
+        kept = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        sonicmoe.autotune_clear()
+        try:
+            return fn()
+        finally:
+            for name, value in kept.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            sonicmoe.autotune_clear()
+    return call
+
+
 def main(argv):
     if not argv:
         sys.exit(__doc__)
     known = {c[0]: c for c in sidebyside.CONFIGS + sidebyside.MODELS}
     if argv[0] not in known:
         raise ValueError(f"config {argv[0]!r} is unknown; must be among {sorted(known)}")
-    variants = check_variants(argv[1:] or list(VARIANTS))
+    variants = check_variants(argv[1:] or [*VARIANTS, *ENV_VARIANTS])
     rounds = int(os.environ.get("ROUNDS", "6"))
     _, T, d, n, E, K = known[argv[0]]
     _, fwd_bwd = sidebyside.project_fns(T, d, n, E, K)
     fns = {v: under(v, fwd_bwd) for v in variants}
-    for fn in fns.values():  # the autotuner's first calls, and each path's allocations
+    first_s = {}
+    for v, fn in fns.items():  # the autotuner's first calls (its tuning), and each path's allocations
+        start = time.perf_counter()
         fn()
+        torch.cuda.synchronize()
+        first_s[v] = time.perf_counter() - start
     times = {v: [] for v in fns}
     for r in range(rounds):
         for v in sidebyside.rotated(list(fns), r):
@@ -105,6 +139,8 @@ def main(argv):
         print(f"{v:<14}{medians[v]:7.2f}  {statistics.median(ratios):.4f} ({min(ratios):.3f}-{max(ratios):.3f})"
               f"{'':<6}  {call_ms:.2f}, {joules:.2f}, {watts:.0f}, {mhz:.0f}; "
               f"{base_ms / call_ms:.4f}, {base_j / joules:.4f}")
+    print("first call, s (the autotuner's tuning of the classes it meets first): " +
+          ", ".join(f"{v} {s:.1f}" for v, s in first_s.items()))
 
 
 if __name__ == "__main__":

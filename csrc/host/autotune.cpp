@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,10 +24,11 @@ namespace sonicmoe::autotune {
 namespace {
 
 // A candidate's time is the median of kRounds windows, the candidates interleaved round by round.
-// A window is one untimed launch, then kWindowLaunches launches back to back between two events:
-// the start event queues behind the untimed launch, so no host launch latency is inside, and the
-// card runs the kernel back to back as in a layer's step (single launches after a host sync
-// ranked the tiles differently from the layer).
+// A window is the candidate's settle (untimed launches, autotune.h), then kWindowLaunches launches
+// back to back between two events: the start event queues behind the settle, so no host launch
+// latency is inside, and the card runs the kernel back to back as in a layer's step (single
+// launches after a host sync ranked the tiles differently from the layer). With a settle, a first
+// round of windows after one untimed launch each sizes the settles and is not counted.
 constexpr int kRounds = 3;
 constexpr int kWindowLaunches = 4;
 
@@ -71,8 +73,14 @@ std::string device_cache_path(int device) {
     return "";
   }
   // The keys of autotune.h, the number of tile configurations among them.
-  // "windows": the timing's name (time_candidates); choices of an earlier timing are timed again.
-  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-windows-tiles" + std::to_string(kNumGemmTileConfigs) +
+  // The timing's name (time_candidates): "windows" without a settle, "settle<ms>" with one;
+  // choices of another timing are timed again.
+  double settle = 0.0;
+  if (!settle_ms(&settle).ok()) return "";  // run() reports the variable before any lookup
+  char timing[32];
+  if (settle > 0.0) std::snprintf(timing, sizeof(timing), "settle%g", settle);
+  else std::snprintf(timing, sizeof(timing), "windows");
+  return dir + "/autotune-" + SONICMOE_LIBRARY_VERSION + "-" + timing + "-tiles" + std::to_string(kNumGemmTileConfigs) +
          "-" + sanitized(prop.name) + "-sm" + std::to_string(prop.multiProcessorCount) + "-driver" +
          std::to_string(driver) + ".txt";
 }
@@ -133,21 +141,25 @@ void store(int device, const Key& key, GemmTileConfig config) {
 
 // Each candidate's time (ms per launch, the median of its windows); -1 where a launch failed (a
 // shape the configuration does not take).
-Status time_candidates(const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
+Status time_candidates(const std::vector<GemmTileConfig>& candidates, double settle, cudaStream_t stream,
                        const std::function<Status(GemmTileConfig)>& launch, std::vector<float>* ms) {
   const size_t n = candidates.size();
   ms->assign(n, -1.0f);
   std::vector<bool> ok(n);
   for (size_t i = 0; i < n; ++i) ok[i] = launch(candidates[i]).ok();
   std::vector<std::vector<float>> windows(n);
+  std::vector<float> sizing(n, -1.0f);  // the uncounted first round's time a launch (with a settle)
+  const int first_counted = settle > 0.0 ? 1 : 0;
   cudaEvent_t start = nullptr, stop = nullptr;
   SONICMOE_CUDA_TRY(cudaEventCreate(&start));
   Status status = cuda_status(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int round = 0; round < kRounds && status.ok(); ++round)
+  for (int round = 0; round < first_counted + kRounds && status.ok(); ++round)
     for (size_t j = 0; j < n && status.ok(); ++j) {
       const size_t i = (j + round) % n;  // rotated: no candidate always follows the same one
       if (!ok[i]) continue;
-      bool launched = launch(candidates[i]).ok();
+      bool launched = true;
+      const int untimed = round < first_counted ? 1 : settle_launches(settle, sizing[i]);
+      for (int l = 0; l < untimed && launched; ++l) launched = launch(candidates[i]).ok();
       if (launched) status = cuda_status(cudaEventRecord(start, stream), "cudaEventRecord");
       for (int l = 0; l < kWindowLaunches && launched && status.ok(); ++l) launched = launch(candidates[i]).ok();
       if (!launched) {
@@ -158,7 +170,8 @@ Status time_candidates(const std::vector<GemmTileConfig>& candidates, cudaStream
       if (status.ok()) status = cuda_status(cudaEventSynchronize(stop), "cudaEventSynchronize");
       float t = 0.0f;
       if (status.ok()) status = cuda_status(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-      if (status.ok()) windows[i].push_back(t / kWindowLaunches);
+      if (status.ok() && round < first_counted) sizing[i] = t / kWindowLaunches;
+      else if (status.ok()) windows[i].push_back(t / kWindowLaunches);
     }
   cudaEventDestroy(start);
   if (stop != nullptr) cudaEventDestroy(stop);
@@ -219,6 +232,26 @@ bool enabled() {
   return v == nullptr || std::string(v) != "0";
 }
 
+Status settle_ms(double* ms) {
+  *ms = kSettleMs;
+  const char* v = std::getenv("SONICMOE_AUTOTUNE_SETTLE_MS");
+  if (v == nullptr) return Status::success();
+  char* end = nullptr;
+  errno = 0;
+  const double parsed = std::strtod(v, &end);
+  if (end == v || *end != '\0' || errno != 0 || !(parsed >= 0.0) || parsed > 60000.0)
+    return Status::error(std::string("SONICMOE_AUTOTUNE_SETTLE_MS='") + v +
+                         "': must be a number of milliseconds from 0 to 60000");
+  *ms = parsed;
+  return Status::success();
+}
+
+int settle_launches(double settle, float ms_per_launch) {
+  if (!(settle > 0.0) || !(ms_per_launch > 0.0f)) return 1;
+  const double launches = std::ceil(settle / ms_per_launch);
+  return launches >= kMaxSettleLaunches ? kMaxSettleLaunches : std::max(1, static_cast<int>(launches));
+}
+
 std::string cache_path() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
@@ -232,6 +265,8 @@ std::string cache_path() {
 Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
            const std::function<Status(GemmTileConfig)>& launch) {
   if (!enabled() || candidates.size() < 2) return launch(rule);
+  double settle = 0.0;
+  SONICMOE_TRY(settle_ms(&settle));
   int device = 0;
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
   GemmTileConfig chosen = rule;
@@ -249,7 +284,7 @@ Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   SONICMOE_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
   std::vector<float> ms;
-  const Status timed = time_candidates(candidates, stream, launch, &ms);
+  const Status timed = time_candidates(candidates, settle, stream, launch, &ms);
   SONICMOE_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
   SONICMOE_TRY(timed);
   const int best = choose_fastest(candidates, ms, rule);

@@ -7,11 +7,13 @@
 //   SONICMOE_AUTOTUNE=0      rules only: no timing, no cache read or written
 //   SONICMOE_CACHE_DIR=dir   the cache files' folder (default $XDG_CACHE_HOME/sonicmoe, else
 //                            ~/.cache/sonicmoe; empty: in memory only)
+//   SONICMOE_AUTOTUNE_SETTLE_MS=ms  each timed window follows about this long of its own
+//                            candidate's launches (default kSettleMs; 0: one launch)
 //
 // A cache file is keyed by the device's name, SM count and driver version, by the library's
-// version, by the timing's name and by the number of tile configurations (a file from before one
-// was added never timed it); a choice once cached is reused by every later call of its class
-// (deterministic).
+// version, by the timing's name (with its settle) and by the number of tile configurations (a
+// file from before one was added never timed it); a choice once cached is reused by every later
+// call of its class (deterministic).
 // Tuning never runs while the stream is being captured into a CUDA graph (the rule's pick, or
 // the cached one, is launched instead), and torch.compile traces fake tensors, which never reach
 // this code. Tuning synchronises the host with the stream once, on the class's first call.
@@ -74,13 +76,34 @@ inline const std::vector<GemmTileConfig>& varlen_candidates() {
 // Whether tuning is on (SONICMOE_AUTOTUNE is not "0").
 bool enabled();
 
+// Why a settle: back to back a layer's step runs at the card's power cap, where a kernel's clock
+// follows the power of the last ~75 ms and more (docs/performance.md §1). Windows that follow
+// another candidate's run at that candidate's clock, so a tile that spends less energy per FLOP
+// (2x1 clusters multicasting B) gets no credit for it; after its own settle it does. On an H100
+// the settled choices put K6 at qwen3-235b-a22b and K2 at deepseek-v3 in 2x1 clusters, and the
+// layer's fwd+bwd ran 0.7% / 1.2% faster than on the unsettled ones (benchmarks/ab_rules.py
+// CONFIG tune=windows); the first step, which tunes its five or six classes, took 22-26 s there
+// instead of 5-8 s.
+constexpr double kSettleMs = 150.0;
+// A settle's launches at most: a small kernel's class is tuned in milliseconds, not seconds.
+constexpr int kMaxSettleLaunches = 128;
+
+// The settle in ms: SONICMOE_AUTOTUNE_SETTLE_MS, else kSettleMs; an error naming the variable
+// and its value unless it is a number >= 0.
+Status settle_ms(double* ms);
+
+// The untimed launches ahead of a timed window: enough of ms_per_launch to fill settle, at least
+// one, at most kMaxSettleLaunches (one where settle is 0 or the launch's time is unknown).
+int settle_launches(double settle, float ms_per_launch);
+
 // The cache file of the current device ("" with SONICMOE_CACHE_DIR empty).
 std::string cache_path();
 
 // Runs a kAuto call: launch(config) enqueues the op with that configuration on stream. The cached
 // choice of key's class if there is one; otherwise, when tuning is on and the stream is not
-// capturing, times each candidate (one warm-up launch, then the median of three windows of
-// back-to-back launches, autotune.cpp), caches the choice and launches it; otherwise launches rule.
+// capturing, times each candidate (a window each to size the settles, then the median of three
+// windows of back-to-back launches, each after its settle, autotune.cpp), caches the choice and
+// launches it; otherwise launches rule.
 Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
            const std::function<Status(GemmTileConfig)>& launch);
 

@@ -304,9 +304,9 @@ def autotune_cache_path() -> str:
     """The file where the tile autotuner keeps its choices for the current CUDA device ("" where
     none is written). A grouped-GEMM op called with tile_config "auto" times its candidate tiles
     on the first call of each problem class and keeps the fastest there, keyed by the device's
-    name, SM count and driver, by this version and by the number of tile configurations;
-    SONICMOE_AUTOTUNE=0 keeps the shape rules (csrc/sm90/heuristics.h) instead, SONICMOE_CACHE_DIR
-    moves the file (empty: memory only).
+    name, SM count and driver, by this version, by the timing (its settle) and by the number of
+    tile configurations; SONICMOE_AUTOTUNE=0 keeps the shape rules (csrc/sm90/heuristics.h)
+    instead, SONICMOE_CACHE_DIR moves the file (empty: memory only).
     The rules and the tuner are described once, in csrc/host/autotune.h."""
     _require_extension()
     return torch.ops.sonicmoe.autotune_cache_path()

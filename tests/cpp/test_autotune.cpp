@@ -86,6 +86,36 @@ TEST(Autotune, switch_reads_the_environment) {
   EXPECT_TRUE(at::enabled());
 }
 
+TEST(Autotune, settle_reads_the_environment_and_names_a_bad_value) {
+  double ms = -1.0;
+  ASSERT_EQ(unsetenv("SONICMOE_AUTOTUNE_SETTLE_MS"), 0);
+  ASSERT_TRUE(at::settle_ms(&ms).ok());
+  EXPECT_EQ(ms, at::kSettleMs);
+  ASSERT_EQ(setenv("SONICMOE_AUTOTUNE_SETTLE_MS", "0", 1), 0);
+  ASSERT_TRUE(at::settle_ms(&ms).ok());
+  EXPECT_EQ(ms, 0.0);
+  ASSERT_EQ(setenv("SONICMOE_AUTOTUNE_SETTLE_MS", "62.5", 1), 0);
+  ASSERT_TRUE(at::settle_ms(&ms).ok());
+  EXPECT_EQ(ms, 62.5);
+  for (const char* bad : {"", "abc", "-1", "10ms", "nan", "1e9"}) {
+    ASSERT_EQ(setenv("SONICMOE_AUTOTUNE_SETTLE_MS", bad, 1), 0);
+    const sonicmoe::Status st = at::settle_ms(&ms);
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message.find("SONICMOE_AUTOTUNE_SETTLE_MS='" + std::string(bad) + "'"), std::string::npos)
+        << st.message;
+  }
+  ASSERT_EQ(unsetenv("SONICMOE_AUTOTUNE_SETTLE_MS"), 0);
+}
+
+TEST(Autotune, settle_fills_its_time_within_bounds) {
+  EXPECT_EQ(at::settle_launches(150.0, 5.0f), 30) << "a 5 ms kernel: 30 launches";
+  EXPECT_EQ(at::settle_launches(150.0, 4.0f), 38) << "rounded up";
+  EXPECT_EQ(at::settle_launches(150.0, 0.01f), at::kMaxSettleLaunches) << "a small kernel: capped";
+  EXPECT_EQ(at::settle_launches(150.0, 500.0f), 1) << "at least one";
+  EXPECT_EQ(at::settle_launches(0.0, 5.0f), 1) << "no settle: one launch";
+  EXPECT_EQ(at::settle_launches(150.0, -1.0f), 1) << "time unknown";
+}
+
 // ---------------------------------------------------------------- GPU
 
 int count_lines(const std::string& path) {

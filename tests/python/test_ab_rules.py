@@ -63,6 +63,24 @@ def test_a_variant_holds_only_while_its_call_runs(ab_rules):
     assert ab_rules.under("base", fails) is fails
 
 
+def test_an_environment_variant_holds_only_while_its_call_runs(ab_rules, monkeypatch):
+    import os
+
+    import sonicmoe
+
+    cleared = []
+    monkeypatch.setattr(sonicmoe, "autotune_clear", lambda: cleared.append(os.environ.get(
+        "SONICMOE_AUTOTUNE_SETTLE_MS")))
+    monkeypatch.setenv("SONICMOE_AUTOTUNE_SETTLE_MS", "150")
+    seen = []
+    ab_rules.under("tune=windows", lambda: seen.append(os.environ["SONICMOE_AUTOTUNE_SETTLE_MS"]))()
+    assert seen == ["0"] and cleared == ["0", "150"]  # each side reads its own timing's file
+    monkeypatch.delenv("SONICMOE_AUTOTUNE_SETTLE_MS")
+    with pytest.raises(RuntimeError):
+        ab_rules.under("tune=windows", lambda: (_ for _ in ()).throw(RuntimeError("boom")))()
+    assert "SONICMOE_AUTOTUNE_SETTLE_MS" not in os.environ and cleared[-1] is None
+
+
 def test_main_times_every_variant_against_the_base(ab_rules, monkeypatch, capsys):
     from sonicmoe import functional
 
@@ -74,11 +92,13 @@ def test_main_times_every_variant_against_the_base(ab_rules, monkeypatch, capsys
     monkeypatch.setattr(ab_rules.sidebyside, "energy_interleaved",
                         lambda fns, ms: {v: (700.0, 1400.0, ms[v] * 1.1) for v in fns})
     monkeypatch.setattr(ab_rules.torch.cuda, "get_device_name", lambda: "card")
+    monkeypatch.setattr(ab_rules.torch.cuda, "synchronize", lambda: None)
     ab_rules.main(["qwen3-235b-a22b", "dw1=k7"])
     out = capsys.readouterr().out
     assert "card, qwen3-235b-a22b (T 32768, d 4096, n 1536, E 128, K 8), fwd+bwd, 6 rounds" in out
     assert len(calls) == 2 + 12 and calls[:2] == [False, True]  # n 1536: the base's rule is the copy
-    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    rows = {line.split()[0]: line for line in out.splitlines()[2:-1]}
+    assert out.splitlines()[-1].startswith("first call, s (the autotuner's tuning") and "dw1=k7 0.0" in out
     assert set(rows) == {"base", "dw1=k7"}
     assert "10.00  1.0000 (1.000-1.000)" in rows["base"] and "11.00, 7.70, 700, 1400; 1.0000, 1.0000" in rows["base"]
     assert "9.50  1.0526 (1.053-1.053)" in rows["dw1=k7"] and "10.45, 7.32, 700, 1400; 1.0526, 1.0526" in rows["dw1=k7"]
