@@ -376,8 +376,8 @@ def bench_moe_backward(name, cfg, anchor_rows):
     row = {"config": name, "activation": act}
     if MEASURE_ENERGY:  # ours only: the step's power and clock, the backward's energy per step
         power = energy_interleaved({k: fns[k] for k in ("sonicmoe_fwd", "sonicmoe_fwd_bwd")}, ms)
-        for k, (watts, mhz, _) in power.items():
-            row[f"{k}_W"], row[f"{k}_MHz"], row[f"{k}_J"] = watts, mhz, watts * ms[k] / 1e3
+        for k, (watts, mhz, window_ms) in power.items():  # energy: the power window's own time a call
+            row[f"{k}_W"], row[f"{k}_MHz"], row[f"{k}_J"] = watts, mhz, watts * window_ms / 1e3
         row["sonicmoe_bwd_J"] = row["sonicmoe_fwd_bwd_J"] - row["sonicmoe_fwd_J"]
         row["sonicmoe_bwd_pJ_per_flop"] = row["sonicmoe_bwd_J"] * 1e12 / (fwd_bwd - fwd)
     for impl, layer in layers.items():
@@ -725,8 +725,9 @@ def energy_interleaved(fns, ms, rounds=3):
 
 def time_kernels(name, fns, parts=None):
     """One row of per-kernel times: fns maps a name to (callable, FLOPs per call); only the names
-    in parts when given. With --energy also each part's power (W), SM clock (MHz) and energy per
-    call (mJ, the power times the call's time)."""
+    in parts when given. With --energy also each part's power (W), SM clock (MHz), time a call in
+    the power's window (us) and energy per call (mJ: the power times that time, both from one
+    window, as sidebyside.py's ENERGY reads a layer)."""
     if parts:
         fns = {k: v for k, v in fns.items() if k in parts}
     callables = {k: fn for k, (fn, _) in fns.items()}
@@ -737,10 +738,10 @@ def time_kernels(name, fns, parts=None):
         row[f"{k}_us"] = ms[k] * 1e3
         row[f"{k}_tflops"] = flops / ms[k] / 1e9
         if k in power:
-            watts, row[f"{k}_MHz"], _ = power[k]
-            row[f"{k}_W"] = watts
-            row[f"{k}_mJ"] = watts * ms[k]
-            row[f"{k}_pJ_per_flop"] = watts * ms[k] * 1e9 / flops
+            watts, row[f"{k}_MHz"], window_ms = power[k]
+            row[f"{k}_W"], row[f"{k}_window_us"] = watts, window_ms * 1e3
+            row[f"{k}_mJ"] = watts * window_ms
+            row[f"{k}_pJ_per_flop"] = watts * window_ms * 1e9 / flops
     return row
 
 

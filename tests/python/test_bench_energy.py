@@ -166,3 +166,13 @@ def test_card_speed_line_against_the_anchors_card(bench):
     line = bench.card_speed_line({"before": 720.0, "after": 714.0}, 752)
     assert "720.0 / 714.0 TFLOP/s" in line and "752" in line and "0.957 / 0.949" in line
     assert "anchors" not in bench.card_speed_line({"before": 720.0, "after": 714.0}, None)
+
+
+def test_kernel_energy_is_the_power_times_its_own_windows_time(bench, monkeypatch):
+    # the timed rounds read 2 ms a call (a higher clock), the power's window 2.5 ms at 600 W
+    monkeypatch.setattr(bench, "time_interleaved", lambda fns, rounds, iters: {k: 2.0 for k in fns})
+    monkeypatch.setattr(bench, "energy_interleaved", lambda fns, ms: {k: (600.0, 1400.0, 2.5) for k in fns})
+    monkeypatch.setattr(bench, "MEASURE_ENERGY", True)
+    row = bench.time_kernels("cfg", {"K1": (work, 4e12)})
+    assert row["K1_us"] == 2000.0 and row["K1_window_us"] == 2500.0
+    assert row["K1_mJ"] == pytest.approx(1500.0) and row["K1_pJ_per_flop"] == pytest.approx(0.375)
