@@ -1,8 +1,9 @@
 """An A/B of the layer's backward rules in one process on one card: sonicmoe.moe's forward +
-backward at one config under each variant of python/sonicmoe/functional.py's rules, timed as
-benchmarks/sidebyside.py times a layer (interleaved rounds in a rotating order, each the median
-of 10 calls after 3; a variant's speed over the base's paired within a round) and back to back at
-the card's power cap (sidebyside's ENERGY windows: time, energy, power and SM clock a call).
+backward at one config under each variant of python/sonicmoe/functional.py's rules (or of the
+autotuner's timing), timed as benchmarks/sidebyside.py times a layer (interleaved rounds in a
+rotating order, each the median of 10 calls after 3; a variant's speed over the base's paired
+within a round) and back to back at the card's power cap (sidebyside's ENERGY windows: time,
+energy, power and SM clock a call).
 
   python3 benchmarks/ab_rules.py CONFIG [VARIANT ...]     env: ROUNDS=6
 
@@ -33,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import sidebyside  # noqa: E402
+import sonicmoe  # noqa: E402
 from sonicmoe import functional  # noqa: E402
 
 
@@ -65,8 +67,8 @@ def check_variants(names):
 
 
 def under(variant, fn):
-    """fn with functional.py's names swapped for the variant's while it runs (the backward's
-    autograd thread reads the module's globals during fn), restored after."""
+    """fn with functional.py's names (or the environment) swapped for the variant's while it runs
+    (the backward's autograd thread reads the module's globals during fn), restored after."""
     if variant == "base":
         return fn
     if variant in ENV_VARIANTS:
@@ -86,8 +88,6 @@ def under(variant, fn):
 
 
 def _under_env(env, fn):
-    import sonicmoe
-
     def call():
         kept = {name: os.environ.get(name) for name in env}
         os.environ.update(env)
