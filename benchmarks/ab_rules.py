@@ -18,6 +18,10 @@ CONFIG runs the same code, so it reads the spread of two identical layers):
   tail=after    the tail after K5 / K7 at every n
   tune=windows  the tiles the autotuner chooses without its settle (SONICMOE_AUTOTUNE_SETTLE_MS=0,
                 its own cache file; csrc/host/autotune.h): the settle's choices against these
+  KERNEL=TILE   one kernel on a given tile in the layer (k1, k2, k4, k6, or k57 for both weight
+                gradients; TILE one of sonicmoe.GEMM_TILE_CONFIGS that the op takes), e.g.
+                k2=varlen_cooperative_128x256x64_c2x1: the autotuner's choice against another
+                (named only, not in the default set)
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import os
 import pathlib
 import statistics
+import functools
 import sys
 import time
 
@@ -56,13 +61,27 @@ VARIANTS = {
 ENV_VARIANTS = {
     "tune=windows": {"SONICMOE_AUTOTUNE_SETTLE_MS": "0"},
 }
+# KERNEL=TILE variants: the functional.py name of each kernel's op.
+KERNEL_OPS = {"k1": "up_proj", "k2": "grouped_gemm", "k4": "down_proj_grad", "k6": "grouped_gemm_kn",
+              "k57": "weight_grad"}
+
+
+def tile_swaps(variant):
+    """The functional.py swap of a KERNEL=TILE variant (its op with tile_config fixed), else None."""
+    kernel, _, tile = variant.partition("=")
+    if kernel not in KERNEL_OPS or tile not in sonicmoe.GEMM_TILE_CONFIGS or tile == "auto":
+        return None
+    op = KERNEL_OPS[kernel]
+    return {op: functools.partial(getattr(functional, op), tile_config=tile)}
 
 
 def check_variants(names):
-    unknown = [v for v in names if v != "base" and v not in VARIANTS and v not in ENV_VARIANTS]
+    unknown = [v for v in names
+               if v != "base" and v not in VARIANTS and v not in ENV_VARIANTS and tile_swaps(v) is None]
     if unknown:
         raise ValueError(f"variants {unknown} are unknown; must be among base, "
-                         f"{', '.join([*VARIANTS, *ENV_VARIANTS])}")
+                         f"{', '.join([*VARIANTS, *ENV_VARIANTS])}, or KERNEL=TILE with KERNEL among "
+                         f"{', '.join(KERNEL_OPS)} and TILE a tile of sonicmoe.GEMM_TILE_CONFIGS")
     return ["base"] + [v for v in names if v != "base"]
 
 
@@ -73,7 +92,7 @@ def under(variant, fn):
         return fn
     if variant in ENV_VARIANTS:
         return _under_env(ENV_VARIANTS[variant], fn)
-    swaps = VARIANTS[variant]
+    swaps = VARIANTS.get(variant) or tile_swaps(variant)
 
     def call():
         kept = {name: getattr(functional, name) for name in swaps}

@@ -63,6 +63,23 @@ def test_a_variant_holds_only_while_its_call_runs(ab_rules):
     assert ab_rules.under("base", fails) is fails
 
 
+def test_a_tile_variant_fixes_one_kernels_tile_while_its_call_runs(ab_rules):
+    from sonicmoe import functional
+
+    tile = "varlen_cooperative_128x256x64_c2x1"
+    kept = functional.grouped_gemm
+    seen = []
+    ab_rules.under(f"k2={tile}", lambda: seen.append(functional.grouped_gemm))()
+    assert seen[0].func is kept and seen[0].keywords == {"tile_config": tile}
+    assert functional.grouped_gemm is kept
+    assert set(ab_rules.tile_swaps(f"k57={tile}")) == {"weight_grad"}
+    assert ab_rules.check_variants([f"k6={tile}"]) == ["base", f"k6={tile}"]
+    for bad in ("k3=" + tile, "k2=auto", "k2=varlen_pingpong_999", "k2"):
+        assert ab_rules.tile_swaps(bad) is None
+        with pytest.raises(ValueError, match="or KERNEL=TILE with KERNEL among k1, k2, k4, k6, k57"):
+            ab_rules.check_variants([bad])
+
+
 def test_an_environment_variant_holds_only_while_its_call_runs(ab_rules, monkeypatch):
     import os
 
