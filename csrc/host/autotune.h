@@ -85,11 +85,11 @@ bool enabled();
 // CONFIG tune=windows); the first step, which tunes its five or six classes, took 22-26 s there
 // instead of 5-8 s.
 constexpr double kSettleMs = 150.0;
-// A settle's launches at most: a small kernel's class is tuned in milliseconds, not seconds.
+// A settle's launches at most: a small kernel's class is tuned in well under a second.
 constexpr int kMaxSettleLaunches = 128;
 
 // The settle in ms: SONICMOE_AUTOTUNE_SETTLE_MS, else kSettleMs; an error naming the variable
-// and its value unless it is a number >= 0.
+// and its value unless it is a number from 0 to 60000.
 Status settle_ms(double* ms);
 
 // The untimed launches ahead of a timed window: enough of ms_per_launch to fill settle, at least
