@@ -15,7 +15,8 @@
 #   NCU_DUR="qwen3-235b-a22b ..." ...    # also ncu_parts.sh --durations per config, both layers
 #                                        # (each kernel's duration alone, a table per layer)
 #   AB_RULES="qwen3-235b-a22b ..." ...   # also benchmarks/ab_rules.py per config (the backward's
-#                                        # rules A/B, timed and at the power cap)
+#                                        # rules A/B, timed and at the power cap; AB_VARIANTS="..."
+#                                        # its variants, default all)
 # compute-sanitizer's memcheck and racecheck run scripts/sanitize_small.py (a small forward + backward).
 set -u
 cd "$(dirname "$0")/.."
@@ -79,7 +80,7 @@ step demo demo.log python3 benchmarks/demo.py
 each_config sbs "${SBS:-}" env OUT="$OUT/sbs-{}" python3 benchmarks/sidebyside.py {}
 each_config ncu "${NCU_SBS:-}" env OUT="$OUT/ncu" bash scripts/ncu_parts.sh --sidebyside {}
 each_config ncudur "${NCU_DUR:-}" env IMPLS=project,upstream OUT="$OUT/ncu" bash scripts/ncu_parts.sh --durations {}
-each_config abrules "${AB_RULES:-}" python3 benchmarks/ab_rules.py {}
+each_config abrules "${AB_RULES:-}" python3 benchmarks/ab_rules.py {} ${AB_VARIANTS:-}
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
