@@ -26,12 +26,14 @@ CONFIG runs the same code, so it reads the spread of two identical layers):
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import pathlib
 import statistics
-import functools
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -56,8 +58,7 @@ VARIANTS = {
     "tail=beside16": {"_tail_beside_weight_grads": _beside, "_TAIL_SM_MARGIN": 16},
     "tail=after": {"_tail_beside_weight_grads": lambda x, n, partial_rows: False},
 }
-# Variants of the environment instead: the autotuner's choices held in memory are dropped on the
-# way in and out, so each call reads its own timing's cache file (tuned on the warm-up call).
+# Variants of the environment instead (each side's tiles tuned on its warm-up call).
 ENV_VARIANTS = {
     "tune=windows": {"SONICMOE_AUTOTUNE_SETTLE_MS": "0"},
 }
@@ -90,37 +91,29 @@ def under(variant, fn):
     (the backward's autograd thread reads the module's globals during fn), restored after."""
     if variant == "base":
         return fn
-    if variant in ENV_VARIANTS:
-        return _under_env(ENV_VARIANTS[variant], fn)
-    swaps = VARIANTS.get(variant) or tile_swaps(variant)
+    swaps = VARIANTS.get(variant) or tile_swaps(variant) or {}
+    env = ENV_VARIANTS.get(variant, {})
 
     def call():
-        kept = {name: getattr(functional, name) for name in swaps}
-        for name, value in swaps.items():
-            setattr(functional, name, value)
-        try:
+        with contextlib.ExitStack() as stack:
+            if swaps:
+                stack.enter_context(mock.patch.multiple(functional, **swaps))
+            if env:
+                stack.enter_context(_autotuner_env(env))
             return fn()
-        finally:
-            for name, value in kept.items():
-                setattr(functional, name, value)
     return call
 
 
-def _under_env(env, fn):
-    def call():
-        kept = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        sonicmoe.autotune_clear()
-        try:
-            return fn()
-        finally:
-            for name, value in kept.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+@contextlib.contextmanager
+def _autotuner_env(env):
+    """env set while inside; the autotuner's choices in memory dropped on the way in and (env
+    restored) on the way out, so that each side reads its own timing's cache file."""
+    try:
+        with mock.patch.dict(os.environ, env):
             sonicmoe.autotune_clear()
-    return call
+            yield
+    finally:
+        sonicmoe.autotune_clear()
 
 
 def main(argv):

@@ -673,11 +673,11 @@ def mean_power_w(fn, ms_per_call, read, clock=None, seconds=0.6, settle=0.2, giv
     """The card's mean power (W) while fn runs back to back, the median SM clock (MHz) read at
     each energy-counter step inside the window (NaN without a clock reader), and the window's time
     a call (ms; the calls done inside it counted to a chunk, with the same lag at both ends).
-    Calls are queued in chunks of about 2 ms of GPU work, the host staying two chunks ahead (so the GPU never idles
-    and the queue drains at once at the end), and the energy counter is read after each chunk: it
-    moves in steps, tens of ms apart on some cards. The window runs from the first step seen
-    `settle` s in to the first one `seconds` later, so neither the ramp-up nor the tail is in it.
-    NaN if the counter does not move."""
+    Calls are queued in chunks of about 2 ms of GPU work, the host staying two chunks ahead (so the
+    GPU never idles and the queue drains at once at the end), and the energy counter is read after
+    each chunk: it moves in steps, tens of ms apart on some cards. The window runs from the first
+    step seen `settle` s in to the first one `seconds` later, so neither the ramp-up nor the tail is
+    in it. NaN if the counter does not move."""
     chunk = max(1, int(2.0 / ms_per_call))
     torch.cuda.synchronize()
     t_start = time.perf_counter()

@@ -265,8 +265,6 @@ std::string cache_path() {
 Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
            const std::function<Status(GemmTileConfig)>& launch) {
   if (!enabled() || candidates.size() < 2) return launch(rule);
-  double settle = 0.0;
-  SONICMOE_TRY(settle_ms(&settle));
   int device = 0;
   SONICMOE_CUDA_TRY(cudaGetDevice(&device));
   GemmTileConfig chosen = rule;
@@ -280,6 +278,8 @@ Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig
     return launch(rule);
   }
   if (capture != cudaStreamCaptureStatusNone) return launch(rule);
+  double settle = 0.0;
+  SONICMOE_TRY(settle_ms(&settle));  // read only to tune: a cached choice's launch stays lean
   // Relaxed: another thread capturing in global mode must not forbid this thread's event sync.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   SONICMOE_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
