@@ -28,7 +28,8 @@ namespace {
 // back to back between two events: the start event queues behind the settle, so no host launch
 // latency is inside, and the card runs the kernel back to back as in a layer's step (single
 // launches after a host sync ranked the tiles differently from the layer). With a settle, a first
-// round of windows after one untimed launch each sizes the settles and is not counted.
+// round of windows after one untimed launch each sizes the settles, is not counted, and leaves
+// only the contenders (autotune.h) to the counted rounds.
 constexpr int kRounds = 3;
 constexpr int kWindowLaunches = 4;
 
@@ -140,7 +141,7 @@ void store(int device, const Key& key, GemmTileConfig config) {
 }
 
 // Each candidate's time (ms per launch, the median of its windows); -1 where a launch failed (a
-// shape the configuration does not take).
+// shape the configuration does not take) or the sizing round left it out.
 Status time_candidates(const std::vector<GemmTileConfig>& candidates, double settle, cudaStream_t stream,
                        const std::function<Status(GemmTileConfig)>& launch, std::vector<float>* ms) {
   const size_t n = candidates.size();
@@ -153,7 +154,11 @@ Status time_candidates(const std::vector<GemmTileConfig>& candidates, double set
   cudaEvent_t start = nullptr, stop = nullptr;
   SONICMOE_CUDA_TRY(cudaEventCreate(&start));
   Status status = cuda_status(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int round = 0; round < first_counted + kRounds && status.ok(); ++round)
+  for (int round = 0; round < first_counted + kRounds && status.ok(); ++round) {
+    if (round == first_counted && first_counted > 0) {  // sized: the counted rounds time contenders only
+      const std::vector<bool> keep = contenders(sizing);
+      for (size_t i = 0; i < n; ++i) ok[i] = ok[i] && keep[i];
+    }
     for (size_t j = 0; j < n && status.ok(); ++j) {
       const size_t i = (j + round) % n;  // rotated: no candidate always follows the same one
       if (!ok[i]) continue;
@@ -173,6 +178,7 @@ Status time_candidates(const std::vector<GemmTileConfig>& candidates, double set
       if (status.ok() && round < first_counted) sizing[i] = t / kWindowLaunches;
       else if (status.ok()) windows[i].push_back(t / kWindowLaunches);
     }
+  }
   cudaEventDestroy(start);
   if (stop != nullptr) cudaEventDestroy(stop);
   for (size_t i = 0; i < n && status.ok(); ++i) {
@@ -244,6 +250,16 @@ Status settle_ms(double* ms) {
                          "': must be a number of milliseconds from 0 to 60000");
   *ms = parsed;
   return Status::success();
+}
+
+std::vector<bool> contenders(const std::vector<float>& sizing_ms) {
+  float fastest = -1.0f;
+  for (float t : sizing_ms)
+    if (t >= 0.0f && (fastest < 0.0f || t < fastest)) fastest = t;
+  std::vector<bool> keep(sizing_ms.size());
+  for (size_t i = 0; i < sizing_ms.size(); ++i)
+    keep[i] = sizing_ms[i] >= 0.0f && sizing_ms[i] <= fastest * kContenderRatio;
+  return keep;
 }
 
 int settle_launches(double settle, float ms_per_launch) {

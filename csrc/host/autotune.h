@@ -82,11 +82,21 @@ bool enabled();
 // (2x1 clusters multicasting B) gets no credit for it; after its own settle it does. On an H100
 // the settled choices put K6 at qwen3-235b-a22b and K2 at deepseek-v3 in 2x1 clusters, and the
 // layer's fwd+bwd ran 0.7% / 1.2% faster than on the unsettled ones (benchmarks/ab_rules.py
-// CONFIG tune=windows); the first step, which tunes its five or six classes, took 22-26 s there
-// instead of 5-8 s.
+// CONFIG tune=windows). The settles are most of a first step's tuning time (docs/performance.md,
+// "How it times").
 constexpr double kSettleMs = 150.0;
 // A settle's launches at most: a small kernel's class is tuned in well under a second.
 constexpr int kMaxSettleLaunches = 128;
+
+// Only contenders are settled and timed: a candidate whose first (sizing) window took more than
+// kContenderRatio times the fastest's. A settle moves a tile's time by the clock it runs at (a few
+// percent), not by half; single-CTA tiles where 2x1 clusters gather x (K1 at d 4096) run 1.6-2.4x
+// the cluster's time and would spend most of a class's tuning on settles that cannot win.
+constexpr double kContenderRatio = 1.5;
+
+// Which candidates go on from their sizing windows' time a launch (< 0: failed): those within
+// kContenderRatio of the fastest's.
+std::vector<bool> contenders(const std::vector<float>& sizing_ms);
 
 // The settle in ms: SONICMOE_AUTOTUNE_SETTLE_MS, else kSettleMs; an error naming the variable
 // and its value unless it is a number from 0 to 60000.
@@ -101,9 +111,9 @@ std::string cache_path();
 
 // Runs a kAuto call: launch(config) enqueues the op with that configuration on stream. The cached
 // choice of key's class if there is one; otherwise, when tuning is on and the stream is not
-// capturing, times each candidate (a window each to size the settles, then the median of three
-// windows of back-to-back launches, each after its settle, autotune.cpp), caches the choice and
-// launches it; otherwise launches rule.
+// capturing, times each candidate (a window each to size the settles, then for the contenders the
+// median of three windows of back-to-back launches, each after its settle, autotune.cpp), caches
+// the choice and launches it; otherwise launches rule.
 Status run(const Key& key, GemmTileConfig rule, const std::vector<GemmTileConfig>& candidates, cudaStream_t stream,
            const std::function<Status(GemmTileConfig)>& launch);
 

@@ -107,6 +107,14 @@ TEST(Autotune, settle_reads_the_environment_and_names_a_bad_value) {
   ASSERT_EQ(unsetenv("SONICMOE_AUTOTUNE_SETTLE_MS"), 0);
 }
 
+TEST(Autotune, contenders_are_within_the_ratio_of_the_fastest) {
+  const std::vector<bool> keep = at::contenders({2.0f, 2.9f, 3.0f, 3.1f, -1.0f});
+  EXPECT_EQ(keep, (std::vector<bool>{true, true, true, false, false}))
+      << "1.5x the fastest stays, past it or failed is left out";
+  EXPECT_EQ(at::contenders({-1.0f, -1.0f}), (std::vector<bool>{false, false})) << "none sized: none goes on";
+  EXPECT_EQ(at::contenders({0.5f}), (std::vector<bool>{true}));
+}
+
 TEST(Autotune, settle_fills_its_time_within_bounds) {
   EXPECT_EQ(at::settle_launches(150.0, 5.0f), 30) << "a 5 ms kernel: 30 launches";
   EXPECT_EQ(at::settle_launches(150.0, 4.0f), 38) << "rounded up";
