@@ -4,6 +4,8 @@
 #   bash scripts/gpu_check.sh             # everything
 #   GTEST_BIN=path/to/sonicmoe_gtest ...  # gtest binary built on the CPU machine (no gtest there)
 #   BENCH_OPS=moe_forward ... QUALITY=1 ... PYTEST_ARGS=... # narrower benchmark, quality check, pytest args
+#   PYTEST_PATHS="tests/python/test_moe.py ..." ... # part of the suite (default tests/python: ~380 s on
+#                                        # an H100, most of it in the files before test_moe.py)
 #   STEP_TIMEOUT=300 ...                 # seconds per step before it is killed (a hang reads as rc=124)
 #   STEPS="gtest pytest bench" ...       # only these steps after the build (default: all above)
 #   SONICMOE_PREBUILT_KERNELS=lib.a ...  # link a kernel library built on a CPU machine
@@ -56,7 +58,8 @@ if [ -x "$GTEST_BIN" ]; then
 elif [[ "$STEPS" == *" gtest "* ]]; then
   result[gtest]="not run: no gtest binary at $GTEST_BIN"
 fi
-step pytest pytest.log python3 -m pytest tests/python -q -rs -p no:cacheprovider ${PYTEST_ARGS:-}
+step pytest pytest.log python3 -m pytest ${PYTEST_PATHS:-tests/python} -q -rs -p no:cacheprovider --durations=20 \
+  ${PYTEST_ARGS:-}
 for tool in memcheck racecheck; do  # one small forward + backward, top-K and token rounding
   step $tool $tool.log env PYTHONPATH=python compute-sanitizer --tool $tool --error-exitcode 9 \
     python3 scripts/sanitize_small.py
