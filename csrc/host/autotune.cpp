@@ -163,7 +163,7 @@ Status time_candidates(const std::vector<GemmTileConfig>& candidates, double set
       const size_t i = (j + round) % n;  // rotated: no candidate always follows the same one
       if (!ok[i]) continue;
       bool launched = true;
-      const int untimed = round < first_counted ? 1 : settle_launches(settle, sizing[i]);
+      const int untimed = settle_launches(settle, sizing[i]);  // one in the sizing round: no size yet
       for (int l = 0; l < untimed && launched; ++l) launched = launch(candidates[i]).ok();
       if (launched) status = cuda_status(cudaEventRecord(start, stream), "cudaEventRecord");
       for (int l = 0; l < kWindowLaunches && launched && status.ok(); ++l) launched = launch(candidates[i]).ok();
