@@ -12,6 +12,8 @@ CONFIG runs the same code, so it reads the spread of two identical layers):
   base          the rules as they stand
   dw1=k7        dW1 on K7 (x gathered in its loads) at every n
   dw1=copy      dW1 by torch._grouped_mm over a gathered copy of x at every n
+  copy=gather   dW1's copy of x (where the rule takes the copy path) gathered, each row of x read
+                K times, not scattered from each token's rows
   tail=beside   the backward's tail on a second stream beside K5 / K7 at every n
   tail=beside16 the same, K5 / K7 leaving it 16 SMs (not 4): at the power cap the GEMMs' rate
                 follows the power more than the SMs they hold
@@ -54,6 +56,7 @@ def _beside(x, n, partial_rows):  # the rule's other conditions (eager CUDA, top
 VARIANTS = {
     "dw1=k7": {"_dw1_on_k7": lambda n, device=None: True},
     "dw1=copy": {"_dw1_on_k7": lambda n, device=None: False},
+    "copy=gather": {"_x_in_sorted_rows": lambda x, gather_idx, rev_idx: x[gather_idx.long()]},
     "tail=beside": {"_tail_beside_weight_grads": _beside},
     "tail=beside16": {"_tail_beside_weight_grads": _beside, "_TAIL_SM_MARGIN": 16},
     "tail=after": {"_tail_beside_weight_grads": lambda x, n, partial_rows: False},

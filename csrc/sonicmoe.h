@@ -300,6 +300,22 @@ std::string check_combine_dx(const CombineDxParams& params);
 // A rev_idx entry outside [0, num_rows) stops the kernel with a device-side trap.
 Status run_combine_dx(const CombineDxParams& params);
 
+// The inverse move (dW1's copy of x in the sorted layout, docs/design.md §4): out[rev_idx[t, k], :] =
+// x[t, :] for every (t, k), each row of x read once. rev_idx is a permutation of [0, num_tokens *
+// top_k) (routing_metadata's): every row of out written once.
+struct ScatterRowsParams {
+  const void* x = nullptr;           // (num_tokens, d) bf16
+  const int32_t* rev_idx = nullptr;  // (num_tokens, top_k) int32, (t, k) -> row of out
+  void* out = nullptr;               // (num_tokens * top_k, d) bf16
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  int64_t d = 0;
+  cudaStream_t stream = nullptr;
+};
+std::string check_scatter_rows(const ScatterRowsParams& params);
+// A rev_idx entry outside [0, num_tokens * top_k) stops the kernel with a device-side trap.
+Status run_scatter_rows(const ScatterRowsParams& params);
+
 // Combine with a variable number of rows per token (token rounding): out[t, :] =
 // sum over j in [token_offsets[t], token_offsets[t+1]) of row_scores[j] * y[rows[j], :], in order.
 struct CombineCsrParams {

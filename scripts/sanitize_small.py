@@ -1,7 +1,7 @@
 """One small forward + backward of sonicmoe.moe on the kernels, for compute-sanitizer (memcheck,
 racecheck): top-K with an all-but-empty expert and ragged counts, then token rounding (tile 64,
 upper-bound buffers), at n 384 (the top-K backward's tail on a second stream beside K5 / K7) and
-at n 256 (where eager dW1 runs on K7), softmax_topk_norm with the router's part of dx folded into
+at n 256 (where eager dW1 runs on K7), at n 1536 (dW1 over scatter_rows' copy), softmax_topk_norm with the router's part of dx folded into
 K6; GeGLU and ReGLU once each; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
 it only at d >= 3072, and for K5 / K7 at 2048 rows per expert), on ragged routing with an odd tile
 count (a pair's empty half) and on upper-bound buffers; K1, K2, K4 and K6 likewise on the ping-pong
@@ -28,8 +28,9 @@ router = (torch.randn(E, d, device="cuda") * d**-0.5).bfloat16()
 router[3] -= 4.0  # expert 3 all but empty
 router.requires_grad_()
 # n 384: a partial last 256-column block; n 256: the eager layer's dW1 on K7 (n <= 256); n 512: the
-# top-K backward's tail on a second stream beside K5 / K7 (512 <= n <= 1024).
-for n in (384, 256, 512):
+# top-K backward's tail on a second stream beside K5 / K7 (512 <= n <= 1024); n 1536: dW1 by
+# torch._grouped_mm over scatter_rows' copy of x (1024 < n < 2048).
+for n in (384, 256, 512, 1536):
     w1 = (torch.randn(E, 2 * n, d, device="cuda") * d**-0.5).bfloat16().requires_grad_()
     w2 = (torch.randn(E, d, n, device="cuda") * n**-0.5).bfloat16().requires_grad_()
     for routing, options in (("softmax_topk_norm", {}), ("softmax_topk", {}), ("token_rounding", {"tile": 64})):

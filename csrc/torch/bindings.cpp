@@ -65,6 +65,8 @@ TORCH_LIBRARY(sonicmoe, m) {
   m.def("combine_dx(Tensor dx_rows, Tensor rev_idx, Tensor? addend=None) -> Tensor");
   // K3 with a variable number of rows per token (token rounding), CSR by token.
   m.def("combine_csr(Tensor y, Tensor row_scores, Tensor rows, Tensor token_offsets) -> Tensor");
+  // out[rev_idx[t,k]] = x[t]: dW1's copy of x in the sorted layout, each row of x read once.
+  m.def("scatter_rows(Tensor x, Tensor rev_idx) -> Tensor");
   // The tile autotuner (csrc/host/autotune.h): the current device's cache file ("" for none), and
   // forgetting the choices held in memory (the next call of each class reads the file again).
   m.def("autotune_cache_path() -> str", [] { return sonicmoe::autotune::cache_path(); });
@@ -93,6 +95,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CUDA, m) {
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cuda);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cuda);
   m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cuda);
+  m.impl("scatter_rows", &sonicmoe::torch_ops::scatter_rows_cuda);
   m.impl("router_backward", &sonicmoe::torch_ops::router_backward_cuda);
   m.impl("router_backward_rows", &sonicmoe::torch_ops::router_backward_rows_cuda);
 }
@@ -111,6 +114,7 @@ TORCH_LIBRARY_IMPL(sonicmoe, CPU, m) {
   m.impl("weight_grad", &sonicmoe::torch_ops::weight_grad_cpu);
   m.impl("combine_csr", &sonicmoe::torch_ops::combine_csr_cpu);
   m.impl("combine_dx", &sonicmoe::torch_ops::combine_dx_cpu);
+  m.impl("scatter_rows", &sonicmoe::torch_ops::scatter_rows_cpu);
   m.impl("router_backward", &sonicmoe::torch_ops::router_backward_cpu);
   m.impl("router_backward_rows", &sonicmoe::torch_ops::router_backward_rows_cpu);
 }

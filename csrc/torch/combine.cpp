@@ -1,5 +1,5 @@
-// torch.ops.sonicmoe.combine, combine_csr (K3) and combine_dx (K8): validation, allocation, launch
-// on the current stream.
+// torch.ops.sonicmoe.combine, combine_csr (K3), combine_dx (K8) and scatter_rows: validation,
+// allocation, launch on the current stream.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -183,6 +183,51 @@ at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
 at::Tensor combine_dx_cpu(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
                           const std::optional<at::Tensor>& addend) {
   combine_dx_args(dx_rows, rev_idx, addend);  // raises: CPU
+  return {};
+}
+
+namespace {
+
+constexpr const char* kScatterOp = "scatter_rows";
+
+// scatter_rows's arguments, the devices last; the params (pointers aside) it launches with.
+ScatterRowsParams scatter_rows_args(const at::Tensor& x, const at::Tensor& rev_idx) {
+  check_dtype(kScatterOp, x, "x", at::kBFloat16);
+  check_dtype(kScatterOp, rev_idx, "rev_idx", at::kInt);
+  check_dim(kScatterOp, x, "x", 2, "(T, d)");
+  check_dim(kScatterOp, rev_idx, "rev_idx", 2, "(T, K)");
+  check_arg(rev_idx.size(0) == x.size(0), kScatterOp, "rev_idx.shape", list_text(rev_idx.sizes()),
+            "must have x.shape[0] = " + text(x.size(0)) + " rows");
+  check_contiguous(kScatterOp, x, "x");
+  check_contiguous(kScatterOp, rev_idx, "rev_idx");
+  check_aligned16(kScatterOp, x, "x");
+  ScatterRowsParams p;
+  p.num_tokens = rev_idx.size(0);
+  p.top_k = static_cast<int>(rev_idx.size(1));
+  p.d = x.size(1);
+  const std::string problem = check_scatter_rows(p);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
+  check_same_cuda_device(kScatterOp, {{&x, "x"}, {&rev_idx, "rev_idx"}});
+  return p;
+}
+
+}  // namespace
+
+at::Tensor scatter_rows_cuda(const at::Tensor& x, const at::Tensor& rev_idx) {
+  ScatterRowsParams p = scatter_rows_args(x, rev_idx);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({rev_idx.numel(), x.size(1)}, x.options());
+  p.x = x.data_ptr();
+  p.rev_idx = rev_idx.data_ptr<int32_t>();
+  p.out = out.data_ptr();
+  p.stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  const Status status = run_scatter_rows(p);
+  TORCH_CHECK(status.ok(), status.message);
+  return out;
+}
+
+at::Tensor scatter_rows_cpu(const at::Tensor& x, const at::Tensor& rev_idx) {
+  scatter_rows_args(x, rev_idx);  // raises: CPU
   return {};
 }
 

@@ -79,6 +79,10 @@ at::Tensor combine_dx_cuda(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
 at::Tensor combine_dx_cpu(const at::Tensor& dx_rows, const at::Tensor& rev_idx,
                           const std::optional<at::Tensor>& addend);
 
+// scatter_rows(Tensor x, Tensor rev_idx) -> Tensor
+at::Tensor scatter_rows_cuda(const at::Tensor& x, const at::Tensor& rev_idx);
+at::Tensor scatter_rows_cpu(const at::Tensor& x, const at::Tensor& rev_idx);
+
 // router_topk(Tensor logits, int top_k, int mode) -> (Tensor scores, Tensor experts)
 std::tuple<at::Tensor, at::Tensor> router_topk_cuda(const at::Tensor& logits, int64_t top_k, int64_t mode);
 std::tuple<at::Tensor, at::Tensor> router_topk_cpu(const at::Tensor& logits, int64_t top_k, int64_t mode);

@@ -9,7 +9,8 @@ pure-PyTorch reference MoE; and sonicmoe.moe / moe_routed / MoE on top of them (
 from . import parallel, reference
 from ._ops import (GEMM_TILE_CONFIGS, GLU_ACTIVATIONS, VARLEN_TILE_CONFIGS, autotune_cache_path, autotune_clear,
                    combine, combine_csr, combine_dx, device_routing_metadata, down_proj_grad, extension_available,
-                   grouped_gemm, grouped_gemm_kn, h_column_order, kernel_archs, router_topk, up_proj, weight_grad)
+                   grouped_gemm, grouped_gemm_kn, h_column_order, kernel_archs, router_topk, scatter_rows, up_proj,
+                   weight_grad)
 from .functional import moe, moe_routed
 from .layer import MoE
 from .routing import RoutingMetadata, routing_metadata
@@ -39,6 +40,7 @@ __all__ = [
     "reference",
     "router_topk",
     "routing_metadata",
+    "scatter_rows",
     "up_proj",
     "weight_grad",
 ]

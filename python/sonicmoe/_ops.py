@@ -300,6 +300,14 @@ def combine_dx(dx_rows: torch.Tensor, rev_idx: torch.Tensor, addend: torch.Tenso
     return torch.ops.sonicmoe.combine_dx(dx_rows, rev_idx, addend)
 
 
+def scatter_rows(x: torch.Tensor, rev_idx: torch.Tensor) -> torch.Tensor:
+    """out[rev_idx[t, k]] = x[t]: x's rows in the sorted layout (x[gather_idx]), each row of x
+    read once. rev_idx: (T, K) int32 from routing_metadata, a permutation of [0, T K), so that
+    every row of the (T K, d) bf16 result is written once."""
+    _require_extension()
+    return torch.ops.sonicmoe.scatter_rows(x, rev_idx)
+
+
 def autotune_cache_path() -> str:
     """The file where the tile autotuner keeps its choices for the current CUDA device ("" where
     none is written). A grouped-GEMM op called with tile_config "auto" times its candidate tiles
@@ -415,6 +423,11 @@ if _C is not None:
     def _combine_dx_fake(dx_rows, rev_idx, addend=None):
         torch._check(dx_rows.dim() == 2 and rev_idx.dim() == 2, lambda: "combine_dx: dx_rows and rev_idx must be 2-D")
         return dx_rows.new_empty((rev_idx.shape[0], dx_rows.shape[1]))
+
+    @torch.library.register_fake("sonicmoe::scatter_rows")
+    def _scatter_rows_fake(x, rev_idx):
+        torch._check(x.dim() == 2 and rev_idx.dim() == 2, lambda: "scatter_rows: x and rev_idx must be 2-D")
+        return x.new_empty((rev_idx.shape[0] * rev_idx.shape[1], x.shape[1]))
 
     @torch.library.register_fake("sonicmoe::combine")
     def _combine_fake(y, scores, rev_idx):

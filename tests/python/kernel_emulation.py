@@ -174,6 +174,12 @@ def combine_dx(dx_rows, rev_idx, addend=None):
     return (dx if addend is None else dx + addend.float()).bfloat16()
 
 
+def scatter_rows(x, rev_idx):
+    out = torch.full((rev_idx.numel(), x.shape[1]), _NAN, dtype=x.dtype)  # a row not written shows
+    out[rev_idx.long().reshape(-1)] = x.repeat_interleave(rev_idx.shape[1], dim=0)
+    return out
+
+
 def combine_csr(y, row_scores, rows, token_offsets):
     T = token_offsets.shape[0] - 1
     counts = (token_offsets[1:] - token_offsets[:-1]).long()
@@ -185,7 +191,7 @@ def combine_csr(y, row_scores, rows, token_offsets):
 
 OPS = {f.__name__: f for f in (grouped_gemm, grouped_gemm_kn, up_proj, down_proj_grad, weight_grad, router_topk,
                                 rounding_probs, routing_metadata, token_rounding_assign, dense_layout, combine,
-                                combine_csr, combine_dx, router_backward, router_backward_rows)}
+                                combine_csr, combine_dx, router_backward, router_backward_rows, scatter_rows)}
 
 
 def _checked(name, emulate):

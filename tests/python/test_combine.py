@@ -234,3 +234,64 @@ def test_combine_dx_empty_and_opcheck_and_graph():
     torch.cuda.synchronize()
     ref = dx_reference(dx_rows, rev_idx, part)
     assert bool(((out.double() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-6).all())
+
+
+# ------------------------------------------------------------------ scatter_rows
+
+def scatter_inputs(T, E, K, d, device, gen):
+    experts = torch.rand(T, E, generator=gen, device=device).argsort(dim=-1)[:, :K]
+    meta = routing_metadata(experts, E)
+    x = torch.randn(T, d, generator=gen, device=device).bfloat16()
+    return x, meta.rev_idx, meta.gather_idx
+
+
+SCATTER_CASES = [
+    ("x dtype", lambda x, r: (x.float(), r), TypeError,
+     "scatter_rows: x.dtype = Float breaks the rule: must be BFloat16"),
+    ("rev_idx dtype", lambda x, r: (x, r.long()), TypeError,
+     "scatter_rows: rev_idx.dtype = Long breaks the rule: must be Int"),
+    ("rev_idx rows", lambda x, r: (x, r[:5]), ValueError,
+     "scatter_rows: rev_idx.shape = [5, 2] breaks the rule: must have x.shape[0] = 6 rows"),
+    ("d multiple of 8", lambda x, r: (x[:, :60].contiguous(), r), ValueError,
+     "scatter_rows: d = 60 breaks the rule: must be a positive multiple of 8"),
+    ("top_k range", lambda x, r: (x, r[:, :0]), ValueError,
+     "scatter_rows: top_k = 0 breaks the rule: must be in [1, 32]"),
+    ("x contiguity", lambda x, r: (x.t().contiguous().t(), r), ValueError,
+     "scatter_rows: x.stride() = [1, 6] breaks the rule: must be contiguous"),
+    ("device", lambda x, r: (x, r), ValueError,
+     "scatter_rows: x.device = cpu breaks the rule: must be a CUDA device"),
+]
+
+
+@requires_extension
+@pytest.mark.parametrize("name,mutate,exc,message", SCATTER_CASES, ids=[c[0] for c in SCATTER_CASES])
+def test_scatter_rows_rejects(name, mutate, exc, message):
+    x, rev_idx, _ = scatter_inputs(6, 4, 2, 64, "cpu", generator("cpu", "scatter_valid"))
+    with pytest.raises(exc, match=re.escape(message)):
+        torch.ops.sonicmoe.scatter_rows(*mutate(x, rev_idx))
+
+
+@requires_kernel_gpu
+@pytest.mark.parametrize("T,E,K,d", [(1, 4, 1, 8), (37, 6, 3, 24), (1000, 64, 8, 4096), (513, 60, 4, 2056),
+                                     (300, 32, 32, 136)])
+def test_scatter_rows_equals_the_gather(T, E, K, d):
+    # Every row of the result written once: bit for bit x[gather_idx] on NaN-poisoned memory.
+    x, rev_idx, gather_idx = scatter_inputs(T, E, K, d, "cuda", generator("cuda", "scatter", T, E, K, d))
+    torch.full((T * K * d,), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison the pool
+    out = sonicmoe.scatter_rows(x, rev_idx)
+    assert out.shape == (T * K, d) and out.dtype == torch.bfloat16
+    assert torch.equal(out, x[gather_idx.long()])
+
+
+@requires_kernel_gpu
+def test_scatter_rows_empty_and_opcheck_and_graph():
+    x, rev_idx, gather_idx = scatter_inputs(50, 8, 2, 128, "cuda", generator("cuda", "scatter_misc"))
+    assert sonicmoe.scatter_rows(x[:0], rev_idx[:0]).shape == (0, 128)
+    torch.library.opcheck(torch.ops.sonicmoe.scatter_rows, (x, rev_idx))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.sonicmoe.scatter_rows(x, rev_idx)
+    x.copy_(torch.randn_like(x, dtype=torch.float32).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, x[gather_idx.long()])

@@ -605,3 +605,30 @@ def test_blackwell_takes_dw1_on_k7_where_hopper_takes_the_gathered_copy(kernels,
     sonicmoe.moe(x, router, w1, w2, 2).float().sum().backward()
     assert sorted(calls) == [False, True]
     assert torch.isfinite(w1.grad).all() and torch.isfinite(w2.grad).all()
+
+
+@pytest.mark.parametrize("routing", TOP_K_MODES)
+def test_hopper_dw1_over_scatter_rows_copy_of_x(kernels, monkeypatch, routing):
+    # At 1024 < n < 2048 the Hopper layer takes dW1 from torch._grouped_mm over x in the sorted
+    # layout, which scatter_rows makes from the token's rows (rev_idx); every gradient as the
+    # reference's (the emulated scatter leaves NaN in a row it does not write).
+    calls = []
+
+    def spy(*args, _real=sonicmoe.functional.scatter_rows, **kwargs):
+        calls.append(args[1].shape)
+        return _real(*args, **kwargs)
+
+    monkeypatch.setattr(sonicmoe.functional, "scatter_rows", spy)
+    leaves = layer_leaves(100, 64, 1536, 4, "hopper-dw1-scatter", routing)
+    x, router, w1, w2 = leaves
+    assert not sonicmoe.functional._dw1_on_k7(1536)
+    out = sonicmoe.moe(x, router, w1, w2, 2, routing=routing)
+    g = torch.randn(out.shape, generator=generator("cpu", "g-scatter", routing))
+    out.backward(g.to(out.dtype))
+    assert calls == [(100, 2)]
+    with torch.no_grad():
+        experts = sonicmoe.router_topk(F.linear(x, router), 2, routing)[1].long()
+    _, ref = reference_top_k(leaves, experts, routing, g)
+    for name, got, want in zip(("dx", "drouter", "dw1", "dw2"), leaves, ref):
+        assert torch.isfinite(got.grad).all(), name
+        assert rel(got.grad, want.grad) <= 2e-2, f"{name}: {rel(got.grad, want.grad):.3e}"
