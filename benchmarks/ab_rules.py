@@ -11,7 +11,7 @@ Variants (default: all of them; `base` always runs, and a variant that is the ba
 CONFIG runs the same code, so it reads the spread of two identical layers):
   base          the rules as they stand
   dw1=k7        dW1 on K7 (x gathered in its loads) at every n
-  dw1=copy      dW1 by torch._grouped_mm over a gathered copy of x at every n
+  dw1=copy      dW1 by torch._grouped_mm over a copy of x in the sorted layout at every n
   copy=gather   dW1's copy of x (where the rule takes the copy path) gathered, each row of x read
                 K times, not scattered from each token's rows
   tail=beside   the backward's tail on a second stream beside K5 / K7 at every n

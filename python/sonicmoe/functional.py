@@ -169,16 +169,17 @@ def _grad_enabled_for(*tensors) -> bool:
 
 
 def _dw1_on_k7(n: int, device=None) -> bool:
-    """Eager dW1 on K7 (K5's 128 x 256 tile with x gathered on its 128-wide side, stored
-    transposed) rather than a gathered copy of x + torch._grouped_mm: where n <= 1024, and at
-    n >= 2048. Timed as the layer's backward on the H200: K7 ran 1-4% faster at n 512 and 1024
+    """Eager dW1 on K7 (K5's 128 x 256 tile with x gathered on its 128-wide side, stored transposed)
+    rather than a copy of x in the sorted layout (_x_in_sorted_rows) + torch._grouped_mm: where n <=
+    1024, and at n >= 2048. Timed as the layer's backward on the H200, the copy then gathered
+    (scattered since: 0.62x the gather's time, H100): K7 ran 1-4% faster at n 512 and 1024
     (paper-30b-n512, paper-7b-n1024, qwen3-30b-a3b) and level at olmoe-1b-7b and paper-120b-n1024;
     the copy path won by 1.4% at n 1536 (qwen3-235b-a22b, 2048 rows an expert); at n 2048
-    (deepseek-v3, 512 rows an expert) K7's TMA stores, which drain behind the next tile, made it
-    1% faster. K7 also spares the gathered copy (T K d bf16) at the step's peak. Token rounding's
-    buffers take the same rule (there the copy path took 858 µs where K5 + K7 took 490 at T 16384,
-    d 1536, n 256, E 64). docs/performance.md has the table. On Blackwell (device) always: there
-    torch._grouped_mm leaves an empty group's gradient unwritten (pytorch/pytorch#172439)."""
+    (deepseek-v3, 512 rows an expert) K7's TMA stores, which drain behind the next tile, made it 1%
+    faster. K7 also spares the copy (T K d bf16) at the step's peak. Token rounding's buffers take
+    the same rule (there the copy path took 858 µs where K5 + K7 took 490 at T 16384, d 1536, n 256,
+    E 64). docs/performance.md has the table. On Blackwell (device) always: there torch._grouped_mm
+    leaves an empty group's gradient unwritten (pytorch/pytorch#172439)."""
     return n <= 1024 or n >= 2048 or (device is not None and _on_blackwell(device))
 
 
@@ -227,10 +228,9 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
     score gradient; K6 gives dX~ = dH @ w1 per row.
 
     The weight gradients: our K5/K7 (weight_grad, the gather inside the loads) on cooperative
-    tiles, or for dW1 torch._grouped_mm over a gathered copy of x, whichever measured faster on
-    the H200 (docs/performance.md): dW2 on K5 at every n, dW1 on K7 except at 1024 < n < 2048
-    (_dw1_on_k7),
-    timed as the layer's backward. With token rounding's
+    tiles, or for dW1 torch._grouped_mm over a copy of x in the sorted layout, whichever measured
+    faster on the H200 (docs/performance.md): dW2 on K5 at every n, dW1 on K7 except at
+    1024 < n < 2048 (_dw1_on_k7), timed as the layer's backward. With token rounding's
     buffers (partial_rows) the cooperative tiles' TMA side reads up to a box of rows past
     offsets[E], which down_proj_grad zeroes in d_h and A'. Under torch.compile the interim path
     cannot stay: Inductor stores the gathered copy K-contiguous, where torch._grouped_mm needs
@@ -276,7 +276,7 @@ def _experts_backward(needs, grad_out, x, w1, w2, h, row_score, offsets, gather_
         if need_w1 and _dw1_on_k7(w2.shape[2], x.device):
             dw1 = weight_grad(d_h, x, offsets, gather_idx, False, partial_rows, sm_margin=sm_margin,
                               rows_past_end_zeroed=True)
-        elif need_w1:  # a gathered copy of x
+        elif need_w1:  # a copy of x in the sorted layout
             dw1 = torch._grouped_mm(d_h.t(), _x_in_sorted_rows(x, gather_idx, rev_idx), offs=offsets[1:])
         return dw1, dw2
 

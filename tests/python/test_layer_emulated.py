@@ -587,8 +587,8 @@ def test_routing_helpers_take_strided_bf16_logits_and_integer_masks(kernels):
     assert all(torch.equal(a, b) for a, b in zip(as_bool, as_uint8))
 
 
-def test_blackwell_takes_dw1_on_k7_where_hopper_takes_the_gathered_copy(kernels, monkeypatch):
-    # At 1024 < n < 2048 the Hopper layer takes dW1 from a gathered copy of x and torch._grouped_mm;
+def test_blackwell_takes_dw1_on_k7_where_hopper_takes_the_copy_of_x(kernels, monkeypatch):
+    # At 1024 < n < 2048 the Hopper layer takes dW1 from a copy of x and torch._grouped_mm;
     # on Blackwell that leaves an idle expert's gradient unwritten (pytorch/pytorch#172439), so the
     # layer takes K7 there (a stand-in B200: the emulated ops run on the CPU).
     calls = []
@@ -599,7 +599,7 @@ def test_blackwell_takes_dw1_on_k7_where_hopper_takes_the_gathered_copy(kernels,
 
     monkeypatch.setattr(sonicmoe.functional, "weight_grad", spy)
     monkeypatch.setattr(sonicmoe.functional, "_on_blackwell", lambda device: True)
-    monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: pytest.fail("dW1 took the gathered copy"))
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: pytest.fail("dW1 took the copy of x"))
     x, router, w1, w2 = layer_leaves(64, 64, 1536, 4, "blackwell-dw1")
     assert not sonicmoe.functional._dw1_on_k7(1536)
     sonicmoe.moe(x, router, w1, w2, 2).float().sum().backward()

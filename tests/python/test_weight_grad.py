@@ -206,8 +206,8 @@ def test_weight_grad_rejects_bad_arguments(change, error, message):
         torch.ops.sonicmoe.weight_grad(*_cpu_args(**change).values())
 
 
-def test_layer_weight_gradients_take_the_gathered_copy_only_where_it_measured_faster():
-    # Eager dW1 over a gathered copy of x + torch._grouped_mm only at 1024 < n < 2048 (qwen3-235b-a22b's
+def test_layer_weight_gradients_take_the_copy_of_x_only_where_it_measured_faster():
+    # Eager dW1 over a copy of x + torch._grouped_mm only at 1024 < n < 2048 (qwen3-235b-a22b's
     # n 1536); dW2 always on K5 (docs/performance.md).
     on_k7 = sonicmoe.functional._dw1_on_k7
     assert on_k7(256) and on_k7(1024) and on_k7(2048) and on_k7(4096)
