@@ -1,13 +1,13 @@
 """One small forward + backward of sonicmoe.moe on the kernels, for compute-sanitizer (memcheck,
 racecheck): top-K with an all-but-empty expert and ragged counts, then token rounding (tile 64,
-upper-bound buffers), at n 384 (the top-K backward's tail on a second stream beside K5 / K7) and
-at n 256 (where eager dW1 runs on K7), at n 1536 (dW1 over scatter_rows' copy), softmax_topk_norm with the router's part of dx folded into
-K6; GeGLU and ReGLU once each; then K1, K2, K4, K6 (also with its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes
-it only at d >= 3072, and for K5 / K7 at 2048 rows per expert), on ragged routing with an odd tile
-count (a pair's empty half) and on upper-bound buffers; K1, K2, K4 and K6 likewise on the ping-pong
-tile in 2 x 1 clusters; K2 and K6 (also with its addend) on grouped_gemm's own ping-pong 128x192
-tile beside ping-pong 128x128. scripts/gpu_check.sh runs it under both
-tools; on its own:
+upper-bound buffers), at n 384 (the top-K backward's tail on a second stream beside K5 / K7) and at
+n 256 (where eager dW1 runs on K7), at n 1536 (dW1 over scatter_rows' copy), softmax_topk_norm with
+the router's part of dx folded into K6; GeGLU and ReGLU once each; then K1, K2, K4, K6 (also with
+its addend), K5 and K7 on the 2 x 1 clustered tile (auto takes it only at d >= 3072, and for K5 / K7
+at 2048 rows per expert), on ragged routing with an odd tile count (a pair's empty half) and on
+upper-bound buffers; K1, K2, K4 and K6 likewise on the ping-pong tile in 2 x 1 clusters; K2 and K6
+(also with its addend) on grouped_gemm's own ping-pong 128x192 tile beside ping-pong 128x128.
+scripts/gpu_check.sh runs it under both tools; on its own:
 
     PYTHONPATH=python compute-sanitizer --tool racecheck python3 scripts/sanitize_small.py
 """

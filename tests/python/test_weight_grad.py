@@ -212,4 +212,3 @@ def test_layer_weight_gradients_take_the_copy_of_x_only_where_it_measured_faster
     on_k7 = sonicmoe.functional._dw1_on_k7
     assert on_k7(256) and on_k7(1024) and on_k7(2048) and on_k7(4096)
     assert not on_k7(1536)
-
