@@ -3,7 +3,9 @@
 # instructions it was written for, compiled for its own arch.
 #   *_sm100.cu: a cubin for sm_100a with tcgen05 MMA (UTC*MMA: UTCHMMA for bf16, UTCQMMA for fp8,
 #               ...) and TMA loads (UTMALDG)
-#   *_sm90.cu:  a cubin for sm_90a with warpgroup MMA (HGMMA)
+#   *_sm90.cu:  a cubin for sm_90a with warpgroup MMA (HGMMA); its k loop's instructions and
+#               R2UR are reported (scripts/sass_wgmma_loop.py), not required: an R2UR per WGMMA
+#               operand word there is a descriptor built on the vector datapath
 # A unit that lost them (a guard that compiled its body out, a fallback to mma.sync, a wrong
 # -gencode) compiles and links silently; this catches it without a GPU. Prints a table; exits 1
 # on any miss, 2 when nothing was found to check.
@@ -34,7 +36,8 @@ CUOBJDUMP=$(find_cuobjdump)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if [ -f "$target" ]; then
-  (cd "$work" && ar x "$(realpath -m "$OLDPWD/$target")")
+  library=$(realpath "$target")  # before the cd, so that a relative path still resolves
+  (cd "$work" && ar x "$library")
   objdir=$work
 elif [ -d "$target" ]; then
   objdir=$target
@@ -49,7 +52,7 @@ count() { grep -cE "$1" "$2" || true; }
 # names REGEX FILE: the distinct opcodes that match, with counts ("UTCHMMA.2CTA:4 ...").
 names() { grep -oE "$1" "$2" | sort | uniq -c | awk '{printf "%s%s:%s", (NR>1?" ":""), $2, $1}' || true; }
 
-printf '%-72s %-8s %-8s %-34s %-8s %s\n' unit arch cubin "MMA (opcode:count)" UTMALDG result
+printf '%-72s %-8s %-8s %-34s %-8s %-16s %s\n' unit arch cubin "MMA (opcode:count)" UTMALDG "k loop (R2UR)" result
 misses=0
 for obj in "${objects[@]}"; do
   unit=$(basename "$obj" .o)
@@ -68,11 +71,17 @@ for obj in "${objects[@]}"; do
   # TMA loads are required of the sm100 units (their mainloop is TMA-only); the sm90 weight
   # gradients' gathered operand loads by cp.async, so there they are reported, not required.
   if [ "$arch" = sm_100a ] && [ "$n_tma" -eq 0 ]; then result+="MISS: no UTMALDG; "; fi
+  # The k loop (the unit's kernel with the most R2UR per HGMMA in it), sm90 only: reported.
+  loop=""
+  if [ "$arch" = sm_90a ]; then
+    read -r _ loop_instructions loop_r2ur _ < <("${PYTHON:-python3}" scripts/sass_wgmma_loop.py "$sass" | tail -n 1)
+    loop="$loop_instructions ($loop_r2ur)"
+  fi
   result=${result%; }
   result=${result:-ok}
   [ "$result" = ok ] || misses=$((misses + 1))
   mma_names=$(names "$mma" "$sass")
-  printf '%-72s %-8s %-8s %-34s %-8s %s\n' "$unit" "$arch" "$cubins" "${mma_names:-none}" "$n_tma" "$result"
+  printf '%-72s %-8s %-8s %-34s %-8s %-16s %s\n' "$unit" "$arch" "$cubins" "${mma_names:-none}" "$n_tma" "${loop:--}" "$result"
 done
 echo "checked ${#objects[@]} units with $CUOBJDUMP: $misses miss(es)"
 [ "$misses" -eq 0 ]
