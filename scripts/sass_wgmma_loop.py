@@ -39,9 +39,10 @@ def wgmma_loop(body):
     best = None
     for i, (address, text) in enumerate(body):
         m = BRANCH.search(text)
-        if not m or int(m.group(1), 16) >= address or int(m.group(1), 16) not in index:
+        target = int(m.group(1), 16) if m else address
+        if target >= address or target not in index:  # not a branch back into this function
             continue
-        loop = [t for _, t in body[index[int(m.group(1), 16)]:i + 1]]
+        loop = [t for _, t in body[index[target]:i + 1]]
         hgmma = sum("HGMMA" in t for t in loop)
         if hgmma and (best is None or len(loop) < best[0]):
             best = (len(loop), sum(bool(R2UR.search(t)) for t in loop), hgmma)
