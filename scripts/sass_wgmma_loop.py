@@ -12,6 +12,7 @@ line.
 import re
 import sys
 
+FUNCTION = re.compile(r"Function : (\S+)")
 INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
 R2UR = re.compile(r"\bR2UR\b")
@@ -20,7 +21,7 @@ R2UR = re.compile(r"\bR2UR\b")
 def functions(lines):
     name, body = None, []
     for line in lines:
-        m = re.search(r"Function : (\S+)", line)
+        m = FUNCTION.search(line)
         if m:
             if name:
                 yield name, body
